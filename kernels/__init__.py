@@ -1,0 +1,1 @@
+"""Triton kernels of trimpass, installed as ``trimpass.kernels``; each file: kernel, configs, launcher, reference."""

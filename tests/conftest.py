@@ -1,0 +1,25 @@
+"""Test set-up: the Triton interpreter on (before triton is imported), fixed seeds, shared helpers."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def assert_close_rel(actual, expected, dtype):
+    """Finite entries agree to the dtype's tolerance relative to the largest magnitude; -inf agree."""
+    a, e = actual.double(), expected.double()
+    assert torch.equal(torch.isneginf(a), torch.isneginf(e)), "-inf pattern differs"
+    fin = torch.isfinite(e)
+    assert torch.isfinite(a[fin]).all(), "non-finite value where a finite one was expected"
+    if fin.any():
+        err = (a[fin] - e[fin]).abs().max() / e[fin].abs().max().clamp_min(1e-6)
+        assert err < TOL[dtype], f"relative error {float(err):.3g} over {TOL[dtype]} for {dtype}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)

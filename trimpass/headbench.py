@@ -1,0 +1,100 @@
+"""Side-by-side timing of the full LM head, the trimmed op, and a dense pre-gathered head.
+
+This machine (and CI) is shared and noisy, so the three variants are timed interleaved in one run
+and reported as ratios; a GPU run synchronizes inside each timed call. Used by ``python -m trimpass
+bench`` and by ``bench/gpu_check.py``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trimpass import ops
+
+SHAPES = {  # name: (V, d) of real drafters' heads
+    "gemma3-270m": (262_144, 640),
+    "qwen2.5-0.5b": (151_936, 896),
+    "eagle-llama3-8b": (128_256, 4_096),
+}
+
+
+@dataclass
+class HeadTiming:
+    shape: str
+    V: int
+    d: int
+    K: int
+    M: int
+    full_ms: float
+    trimmed_ms: float
+    dense_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.full_ms / self.trimmed_ms
+
+    @property
+    def vs_dense(self) -> float:
+        return self.trimmed_ms / self.dense_ms
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_ms(fns: dict, rounds: int, device: torch.device, calls: int = 20) -> dict:
+    """Median over ``rounds`` of the mean ms per call of each zero-argument callable.
+
+    Each round runs every variant for ``calls`` back-to-back calls (as a drafter calls its head
+    step after step), in an order rotated from round to round so no variant always follows another.
+    """
+    times: dict = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up: autotuning, caches, allocator
+        fn()
+        fn()
+    _sync(device)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            _sync(device)
+            times[name].append((time.perf_counter() - t0) * 1e3 / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def time_head(shape: str, K: int, M: int, *, dtype=torch.float32, device="cpu", rounds: int = 15,
+              V: int | None = None, d: int | None = None) -> HeadTiming:
+    """Time one head shape at ``K`` active ids and ``M`` rows; random weights (timing only)."""
+    V0, d0 = SHAPES.get(shape, (V, d))
+    V, d = V or V0, d or d0
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(V, d, generator=g) / d**0.5).to(device, dtype)
+    x = torch.randn(M, d, generator=g).to(device, dtype)
+    idx = torch.randperm(V, generator=g)[:K].sort().values.to(device)
+    count = torch.tensor([K], dtype=torch.int32, device=device)
+    dense = w[idx].contiguous()
+    with torch.no_grad():
+        ms = interleaved_ms({
+            "full": lambda: F.linear(x, w),
+            "trimmed": lambda: ops.head_compact(x, w, None, idx, count),
+            "dense": lambda: F.linear(x, dense),
+        }, rounds, device)
+    return HeadTiming(shape, V, d, K, M, ms["full"], ms["trimmed"], ms["dense"])
+
+
+def format_table(rows: list[HeadTiming]) -> str:
+    lines = ["| head (V x d) | K | M | full ms | trimmed ms | dense [K,d] ms | full/trimmed | "
+             "trimmed/dense |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.shape} ({r.V:,} x {r.d:,}) | {r.K:,} | {r.M} | {r.full_ms:.3f} | "
+                     f"{r.trimmed_ms:.3f} | {r.dense_ms:.3f} | x{r.speedup:.1f} | {r.vs_dense:.2f} |")
+    return "\n".join(lines)

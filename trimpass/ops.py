@@ -1,0 +1,261 @@
+"""The trimmed LM-head ops, registered as ``torch.library`` custom ops in the ``trimpass`` namespace.
+
+Each op takes ``x[..., d]``, the full head ``weight[V, d]`` (optionally a bias), and the active ids as
+a capacity-sized buffer ``idx`` with a device-side ``count``: ``idx[CAP]``/``count[1]`` for one shared
+vocabulary, or ``idx[G, CAP]``/``count[G]`` with ``x[G, ..., d]`` for one vocabulary per batch row.
+Only metadata (dtype, device, shape) is checked here, so a step never syncs with the host; token-id
+values are checked where they enter (:func:`trimpass.vocab.as_index`). The kernel is picked per
+call: the Triton kernel on CUDA tensors (or anywhere when forced, e.g. under ``TRITON_INTERPRET=1``),
+and on CPU a dense matmul on a cached compact copy of the active rows (:mod:`trimpass.compact`).
+
+These are ``custom_op`` rather than ``triton_op`` on every device: ``triton_op``/``wrap_triton``
+fails in Dynamo's fake-tensor tracing under the Triton interpreter, and the CPU path keeps a cache
+that must stay opaque to the compiler. The kernel already fuses its epilogue, so inductor seeing
+inside it would gain nothing, and an opaque op is still captured by CUDA graphs.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+from trimpass import compact
+
+calls: Counter = Counter()  # real (non-fake) executions per op, for tests and stats
+_kernel_choice = os.environ.get("TRIMPASS_KERNEL", "auto")
+
+
+@contextlib.contextmanager
+def use_kernel(choice: str):
+    """Force ``"triton"`` or ``"torch"`` (or ``"auto"``) for calls inside the block."""
+    global _kernel_choice
+    if choice not in ("auto", "triton", "torch"):
+        raise ValueError(f"use_kernel: choice must be 'auto', 'triton' or 'torch', got {choice!r}")
+    old, _kernel_choice = _kernel_choice, choice
+    try:
+        yield
+    finally:
+        _kernel_choice = old
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    if _kernel_choice == "auto":
+        return x.is_cuda
+    if _kernel_choice == "triton" and not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the Triton kernel on CPU tensors needs TRITON_INTERPRET=1 set before "
+                           "triton is imported; unset TRIMPASS_KERNEL to use the CPU path")
+    return _kernel_choice == "triton"
+
+
+def check_head_args(x, weight, bias, idx, count) -> int:
+    """Check metadata of a head call; return G, the number of id groups. Raises before any launch."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x: expected a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected the full head as [V, d], got shape {tuple(weight.shape)}")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x and weight: hidden sizes differ (x has d={x.shape[-1]}, weight has "
+                         f"d={weight.shape[1]}); pass the head's input, not another activation")
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x and weight: dtypes differ ({x.dtype} vs {weight.dtype}); cast one")
+    if not weight.is_contiguous():
+        raise ValueError("weight: must be contiguous [V, d] (row-major); call .contiguous() once "
+                         "at setup, not per step")
+    if idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"idx: token ids must be int32 or int64, got {idx.dtype}")
+    if count.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"count: must be an int32 or int64 tensor, got {count.dtype}")
+    for name, t in (("weight", weight), ("idx", idx), ("count", count), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: on {t.device} but x is on {x.device}; move it to {x.device}")
+    if bias is not None and (tuple(bias.shape) != (weight.shape[0],) or bias.dtype != weight.dtype):
+        raise ValueError(f"bias: expected shape ({weight.shape[0]},) and dtype {weight.dtype}, "
+                         f"got {tuple(bias.shape)} {bias.dtype}")
+    if idx.dim() not in (1, 2) or idx.shape[-1] == 0:
+        raise ValueError(f"idx: expected a non-empty [CAP] or [G, CAP] id buffer, got "
+                         f"{tuple(idx.shape)}")
+    G = 1 if idx.dim() == 1 else idx.shape[0]
+    if G > 1 and (x.dim() < 2 or x.shape[0] != G):
+        raise ValueError(f"x: with per-row ids idx[{G}, CAP], x must be [{G}, ..., d], got "
+                         f"{tuple(x.shape)}")
+    if count.numel() != G:
+        raise ValueError(f"count: expected {G} element(s) (one per id group), got {count.numel()}")
+    return G
+
+
+def _grouped(x, idx, count, G):
+    x3 = x.reshape(G, -1, x.shape[-1])
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    return x3, idx.reshape(G, -1), count.reshape(G)
+
+
+def _compact_logits(x3, weight, bias, idx2, cnt, scale, softcap):
+    if _use_triton(x3):
+        from trimpass.kernels import trimmed_head as kernel
+        return kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=softcap)
+    G, R, _ = x3.shape
+    CAP = idx2.shape[1]
+    counts = cnt.tolist()  # a CPU tensor: no device sync
+    n = min(max(counts), CAP)
+    with torch.no_grad():
+        rows, brows = compact.compact_rows(weight, bias, idx2, n)
+    if G == 1:
+        z = F.linear(x3[0], rows[0], None if brows is None else brows[0])[None]
+    else:
+        z = torch.baddbmm(brows[:, None, :], x3, rows.transpose(1, 2)) if brows is not None \
+            else torch.bmm(x3, rows.transpose(1, 2))
+    if scale != 1.0:
+        z.mul_(scale)
+    if softcap:
+        z.div_(softcap).tanh_().mul_(softcap)
+    if min(counts) >= CAP:
+        return z
+    out = z.new_full((G, R, CAP), float("-inf"))
+    out[:, :, :n] = z
+    return out if G == 1 else mask_tail(out, cnt, float("-inf"))
+
+
+def mask_tail(t3: torch.Tensor, cnt: torch.Tensor, fill: float) -> torch.Tensor:
+    """``t3[G, R, CAP]`` with entries at or past each group's count replaced by ``fill``."""
+    valid = torch.arange(t3.shape[-1], device=t3.device) < cnt.reshape(-1, 1, 1)
+    return torch.where(valid, t3, torch.full((), fill, dtype=t3.dtype, device=t3.device))
+
+
+def _head_compact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
+                 softcap: float = 0.0) -> torch.Tensor:
+    """Logits over the active ids, ``[..., CAP]``; ``-inf`` past the count."""
+    G = check_head_args(x, weight, bias, idx, count)
+    calls["head_compact"] += 1
+    x3, idx2, cnt = _grouped(x, idx, count, G)
+    out = _compact_logits(x3, weight, bias, idx2, cnt, scale, softcap)
+    return out.reshape(*x.shape[:-1], idx2.shape[1])
+
+
+def _head_compact_fake(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
+    check_head_args(x, weight, bias, idx, count)
+    return x.new_empty((*x.shape[:-1], idx.shape[-1]))
+
+
+def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
+              softcap: float = 0.0) -> torch.Tensor:
+    """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
+    G = check_head_args(x, weight, bias, idx, count)
+    calls["head_full"] += 1
+    x3, idx2, cnt = _grouped(x, idx, count, G)
+    V = weight.shape[0]
+    if _use_triton(x3):
+        from trimpass.kernels import trimmed_head as kernel
+        out = torch.full((G, x3.shape[1], V), float("-inf"), dtype=x.dtype, device=x.device)
+        kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=softcap, out=out,
+                            scatter=True)
+    else:
+        out = _scatter(_compact_logits(x3, weight, bias, idx2, cnt, scale, softcap), idx2, cnt, V,
+                       float("-inf"))
+    return out.reshape(*x.shape[:-1], V)
+
+
+def _head_full_fake(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
+    check_head_args(x, weight, bias, idx, count)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _scatter(c3, idx2, cnt, V, fill):
+    # Slots past the count hold stale ids: they write `fill`, and amax keeps any real value
+    # (every value is >= fill: -inf for logits, 0 for probabilities), so no sync is needed.
+    vals = mask_tail(c3, cnt, fill)
+    cols = idx2.long().clamp(0, V - 1)[:, None, :].expand_as(vals)
+    out = vals.new_full((*vals.shape[:-1], V), fill)
+    return out.scatter_reduce_(-1, cols, vals, "amax", include_self=True)
+
+
+def _scatter_full(compact_values: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
+                 vocab_size: int, fill: float) -> torch.Tensor:
+    """Place ``compact_values[..., CAP]`` at columns ``idx`` of a ``[..., V]`` row of ``fill``."""
+    calls["scatter_full"] += 1
+    G = 1 if idx.dim() == 1 else idx.shape[0]
+    c3 = compact_values.reshape(G, -1, idx.shape[-1])
+    out = _scatter(c3, idx.reshape(G, -1), count.reshape(G), vocab_size, fill)
+    return out.reshape(*compact_values.shape[:-1], vocab_size)
+
+
+def _scatter_full_fake(compact_values, idx, count, vocab_size, fill):
+    return compact_values.new_empty((*compact_values.shape[:-1], vocab_size))
+
+
+def _mask_inactive(compact_values: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
+                  fill: float) -> torch.Tensor:
+    """``compact_values[..., CAP]`` with slots at or past the count set to ``fill``."""
+    G = 1 if idx.dim() == 1 else idx.shape[0]
+    c3 = compact_values.reshape(G, -1, idx.shape[-1])
+    return mask_tail(c3, count.reshape(G), fill).reshape(compact_values.shape)
+
+
+def _mask_inactive_fake(compact_values, idx, count, fill):
+    return torch.empty_like(compact_values)
+
+
+def map_ids(positions: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary ids of compact ``positions[..., k]`` (``idx[CAP]`` or ``idx[G, CAP]``)."""
+    if idx.dim() == 1:
+        return idx.long()[positions]
+    G = idx.shape[0]
+    flat = positions.reshape(G, -1)
+    return torch.gather(idx.long(), 1, flat).reshape(positions.shape)
+
+
+def _head_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              idx: torch.Tensor, count: torch.Tensor, k: int, scale: float = 1.0,
+              softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` logits over the active ids and their full-vocabulary ids; no V-sized tensor."""
+    G = check_head_args(x, weight, bias, idx, count)
+    if not 1 <= k <= idx.shape[-1]:
+        raise ValueError(f"k: must be in [1, CAP={idx.shape[-1]}], got {k}")
+    calls["head_topk"] += 1
+    x3, idx2, cnt = _grouped(x, idx, count, G)
+    logits = _compact_logits(x3, weight, bias, idx2, cnt, scale, softcap)
+    values, pos = logits.topk(k, dim=-1)
+    ids = torch.gather(idx2.long()[:, None, :].expand(-1, pos.shape[1], -1), 2, pos)
+    lead = x.shape[:-1]
+    return values.reshape(*lead, k), ids.reshape(*lead, k)
+
+
+def _head_topk_fake(x, weight, bias, idx, count, k, scale=1.0, softcap=0.0):
+    check_head_args(x, weight, bias, idx, count)
+    shape = (*x.shape[:-1], k)
+    return x.new_empty(shape), x.new_empty(shape, dtype=torch.long)
+
+
+# Registered through torch.library.Library rather than @custom_op: the op sits on the drafter's hot
+# path and @custom_op's Python autograd and dynamo-disable wrappers cost ~30 us a call on this CPU,
+# as much as the whole matmul of a 1k-row head. No autograd kernel: graphs needing gradients are
+# never rewritten.
+_lib = torch.library.Library("trimpass", "DEF")
+_HEAD = "Tensor x, Tensor weight, Tensor? bias, Tensor idx, Tensor count"
+_SCHEMAS = {
+    "head_compact": (f"({_HEAD}, float scale=1.0, float softcap=0.0) -> Tensor",
+                     _head_compact, _head_compact_fake),
+    "head_full": (f"({_HEAD}, float scale=1.0, float softcap=0.0) -> Tensor",
+                  _head_full, _head_full_fake),
+    "head_topk": (f"({_HEAD}, int k, float scale=1.0, float softcap=0.0) -> (Tensor, Tensor)",
+                  _head_topk, _head_topk_fake),
+    "scatter_full": ("(Tensor compact_values, Tensor idx, Tensor count, SymInt vocab_size, "
+                     "float fill) -> Tensor", _scatter_full, _scatter_full_fake),
+    "mask_inactive": ("(Tensor compact_values, Tensor idx, Tensor count, float fill) -> Tensor",
+                      _mask_inactive, _mask_inactive_fake),
+}
+for _name, (_schema, _impl, _fake) in _SCHEMAS.items():
+    _lib.define(_name + _schema)
+    _lib.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"trimpass::{_name}", _fake, lib=_lib)
+
+head_compact = torch.ops.trimpass.head_compact
+head_full = torch.ops.trimpass.head_full
+head_topk = torch.ops.trimpass.head_topk
+scatter_full = torch.ops.trimpass.scatter_full
+mask_inactive = torch.ops.trimpass.mask_inactive
