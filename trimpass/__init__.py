@@ -1,4 +1,119 @@
-"""trimpass: trim a speculative-decoding drafter's LM head to an active vocabulary, by compiler pass."""
-from trimpass import ops  # noqa: F401  (registers the torch.library ops)
+"""trimpass: trim a speculative-decoding drafter's LM head to an active vocabulary, by compiler pass.
 
-__all__ = ["ops"]
+``torch.compile(draft, backend=trimpass)`` — the module itself is a Dynamo backend (zero
+configuration: the dynamic, context-aware vocabulary); ``backend="trimpass"`` works by name;
+``trimpass.backend(vocab=..., ...)`` returns a configured one; ``trimpass.trim(...)`` decorates a
+module, a module class or a function, and compiles a module in place so that code calling it —
+Hugging Face ``generate`` included — runs the trimmed head.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+from trimpass import ops  # noqa: F401  (registers the torch.library ops)
+from trimpass.backend import TrimBackend, TrimpassWarning, backend_for, dynamo_entry, make_backend
+from trimpass.config import TrimConfig, TrimpassError
+
+__all__ = ["backend", "trim", "TrimConfig", "TrimpassError", "TrimpassWarning", "explain",
+           "reset", "stats", "observe", "active_ids", "ops"]
+
+
+def backend(**config) -> TrimBackend:
+    """A configured backend: ``torch.compile(draft, backend=trimpass.backend(vocab=ids))``.
+
+    Takes the fields of :class:`TrimConfig` (``vocab``, ``keep``, ``output``, ``inner``, ``mode``,
+    ``options``, ...), checked here. Use one backend per drafter.
+    """
+    return make_backend(**config)
+
+
+def _compile_module(module: torch.nn.Module, be: TrimBackend) -> torch.nn.Module:
+    module._trimpass_backend = be
+    module.compile(backend=be)  # in place: module(...) and module.generate(...) run the rewrite
+    return module
+
+
+def trim(target=None, **config):
+    """Trim a drafter: ``trim(module)``, ``@trim`` / ``@trim(vocab=...)`` on a module class or a
+    forward function. A module is compiled in place and returned (its ``__call__`` runs the
+    trimmed graph, so loops that call it, such as HF assisted generation, need no change)."""
+    if target is None:
+        return lambda t: trim(t, **config)
+    if isinstance(target, torch.nn.Module):
+        return _compile_module(target, make_backend(**config))
+    if isinstance(target, type) and issubclass(target, torch.nn.Module):
+        init = target.__init__
+
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            if type(self) is target:
+                _compile_module(self, make_backend(**config))
+
+        target.__init__ = __init__
+        return target
+    if callable(target) and not isinstance(target, type):
+        be = make_backend(**config)
+        compiled = torch.compile(target, backend=be)
+        compiled._trimpass_backend = be
+        return compiled
+    raise TrimpassError(f"trim: expected an nn.Module, an nn.Module subclass or a function, got "
+                        f"{type(target).__name__}")
+
+
+def _backend_of(draft) -> TrimBackend:
+    be = getattr(draft, "_trimpass_backend", None)
+    if be is None:
+        orig = getattr(draft, "_orig_mod", draft)
+        be = getattr(orig, "_trimpass_backend", None) or backend_for(orig)
+    return be
+
+
+def explain(draft) -> str:
+    """What trimpass rewrote and skipped in each graph compiled for ``draft``."""
+    return _backend_of(draft).explain()
+
+
+def _state(draft, what: str):
+    be = _backend_of(draft)
+    if be.state is None:
+        raise TrimpassError(f"{what}: {type(draft).__name__} has no dynamic-vocabulary state (not "
+                            "compiled with trimpass in the dynamic mode, or not run yet)")
+    return be.state
+
+
+def reset(draft) -> None:
+    """Start a new request: clear the drafter's active vocabulary (the core set stays)."""
+    _state(draft, "reset").reset()
+
+
+def stats(draft) -> dict:
+    """Active-set sizes and counters of ``draft`` (reads the device: call it between steps)."""
+    return _state(draft, "stats").stats()
+
+
+def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
+    """Opt-in: admit the target's top-``k`` predictions (logits ``[B, ..., V]`` or ids ``[B, ...]``)."""
+    _state(draft, "observe").observe(target_logits_or_ids, k)
+
+
+def active_ids(draft) -> torch.Tensor:
+    """The active ids ``[B, CAP]`` (dynamic) or ``[K]`` (static) that compact outputs index."""
+    be = _backend_of(draft)
+    if be.state is not None:
+        return be.state.idx
+    if be.config.dynamic:
+        raise TrimpassError("active_ids: run the compiled drafter once first")
+    return be.config.static_index(be.config.vocab_size or 1 << 62, "cpu")[0]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``torch.compile(draft, backend=trimpass)`` take the module itself as the backend."""
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        return dynamo_entry(gm, example_inputs, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

