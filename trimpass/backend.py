@@ -46,7 +46,7 @@ class TrimBackend:
     def _index(self):
         if not self.config.dynamic:
             return None
-        from trimpass.dynamic.index import DynamicIndex
+        from trimpass.graph.dynamic import DynamicIndex
         if self.state is None:
             from trimpass.state import ActiveState
             self.state = ActiveState(self.config)
@@ -57,6 +57,9 @@ class TrimBackend:
         options = options if options is not None else self.config.options
         if disabled():
             return compile_inner(gm, example_inputs, self.config.inner, mode, options)
+        drafter = _current_drafter()
+        if drafter is not None and getattr(drafter, "_trimpass_backend", None) is None:
+            drafter._trimpass_backend = self  # so explain/reset/stats(drafter) find this backend
         new = rewrite(gm, self.config, example_inputs, index=self._index())
         report = new.meta["trimpass"]
         self.reports.append(report)

@@ -74,7 +74,7 @@ class Match:
     chain: list[fx.Node] = field(default_factory=list)  # epilogue nodes, topological order
     kinds: dict = field(default_factory=dict)  # node -> "logit" | "prob" | "logprob"
     sinks: list[fx.Node] = field(default_factory=list)  # argmax / topk nodes
-    embeddings: list[fx.Node] = field(default_factory=list)  # token-id lookups (ids, table)
+    embeddings: list[tuple] = field(default_factory=list)  # (lookup node, its token-ids node)
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -235,7 +235,8 @@ def find_heads(gm: fx.GraphModule, example_inputs=None, vocab_size: int | None =
         wide = [w for _, w in cands if w.shape[0] >= max(MIN_INFERRED_V, 2 * w.shape[1])]
         V = max((w.shape[0] for w in wide), default=None)
     m = Match(V)
-    m.embeddings = [n for n, _, t in embeds if isinstance(t, torch.Tensor) and t.shape[0] == V]
+    m.embeddings = [(n, ids) for n, ids, t in embeds
+                    if isinstance(t, torch.Tensor) and t.shape[0] == V and isinstance(ids, fx.Node)]
     live = _reaches_output(gm)
     heads = []
     for h, w in cands:

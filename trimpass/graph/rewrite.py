@@ -88,6 +88,8 @@ def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inp
     for h in m.heads:
         w = _ref_node(graph, h.weight, h.node)
         b = _ref_node(graph, h.bias, h.node)
+        if hasattr(index, "before_head"):
+            index.before_head(graph, h, w, b)
         direct = output == "full" and set(h.node.users) == {out_node}
         op = ops.head_full.default if direct else ops.head_compact.default
         with graph.inserting_before(h.node):
@@ -164,12 +166,19 @@ def rewrite(gm: fx.GraphModule, config, example_inputs=None, index=None) -> fx.G
     new = copy_graph_module(gm)
     m = find_heads(new, example_inputs, config.vocab_size)
     report = Report(m.vocab_size, skipped=list(m.skipped))
+    index = index or StaticIndex(config)
     if not m.heads:
         report.note = ("no LM head found: a [V, d] projection whose output reaches the graph's "
                        "output" if not m.skipped else "every candidate head was skipped")
+        if hasattr(index, "admit_only") and m.embeddings:  # a piece without the head still admits
+            index.admit_only(new, m)
+            report.note += "; " + index.note
+            new.meta["trimpass"] = report
+            return new
         gm.meta["trimpass"] = report
         return gm
-    apply(new, m, index or StaticIndex(config), config.output, example_inputs)
+    apply(new, m, index, config.output, example_inputs)
     report.rewritten = [h.name for h in m.heads]
+    report.note = getattr(index, "note", "")
     new.meta["trimpass"] = report
     return new
