@@ -84,9 +84,13 @@ def _state(draft, what: str):
     return be.state
 
 
-def reset(draft) -> None:
-    """Start a new request: clear the drafter's active vocabulary (the core set stays)."""
-    _state(draft, "reset").reset()
+def reset(draft=None) -> None:
+    """Start a new request: clear the drafter's active vocabulary (the core set stays).
+
+    ``torch._dynamo.reset()`` calls a backend's ``reset()`` with no argument: that is a no-op here.
+    """
+    if draft is not None:
+        _state(draft, "reset").reset()
 
 
 def stats(draft) -> dict:
@@ -102,8 +106,10 @@ def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
 def active_ids(draft) -> torch.Tensor:
     """The active ids ``[B, CAP]`` (dynamic) or ``[K]`` (static) that compact outputs index."""
     be = _backend_of(draft)
-    if be.state is not None:
-        return be.state.idx
+    if be.state is not None and be.state.rows:
+        b = be.state.rows[max(be.state.rows)] if len(be.state.rows) > 1 else \
+            next(iter(be.state.rows.values()))
+        return b["idx"][:, :-1]
     if be.config.dynamic:
         raise TrimpassError("active_ids: run the compiled drafter once first")
     return be.config.static_index(be.config.vocab_size or 1 << 62, "cpu")[0]

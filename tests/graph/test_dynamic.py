@@ -1,0 +1,90 @@
+"""The zero-configuration entry points and the dynamic mode through the compiled drafter."""
+import pytest
+import torch
+
+import trimpass
+from trimpass.spec.models import Transformer
+
+V = 512
+
+
+def _pair(seed=0):
+    torch.manual_seed(seed)
+    m = Transformer(V, tied=True).eval()
+    ref = Transformer(V, tied=True).eval()
+    ref.load_state_dict(m.state_dict())
+    for t in (m, ref):
+        t.setup_caches(1, 64)
+    return m, ref
+
+
+def _check_step(out, ref_out, active):
+    fin = torch.isfinite(out[0, -1])
+    assert set(fin.nonzero().flatten().tolist()) == active
+    assert torch.allclose(out[0, -1, fin], ref_out[0, -1, fin], atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["module", "name"])
+def test_zero_config_backends_trim_to_the_context(backend):
+    torch._dynamo.reset()
+    m, ref = _pair()
+    cm = torch.compile(m, backend=trimpass if backend == "module" else "trimpass",
+                       fullgraph=True)
+    prompt = torch.randint(0, V, (1, 7))
+    with torch.no_grad():
+        out = cm(prompt, torch.arange(7))
+        ref_out = ref(prompt, torch.arange(7))
+        stats = trimpass.stats(cm)
+        active = set(trimpass.active_ids(cm)[0, :stats["batch1"]["active"][0]].tolist())
+        assert set(prompt[0].tolist()) <= active  # the first refresh adds the head's top ids
+        _check_step(out, ref_out, active)
+        tok = out[:, -1:].argmax(-1)
+        out = cm(tok, torch.tensor([7]))
+        ref_out = ref(tok, torch.tensor([7]))
+    assert "dynamic vocabulary" in trimpass.explain(cm)
+    n = trimpass.stats(cm)["batch1"]["active"][0]
+    _check_step(out, ref_out, set(trimpass.active_ids(cm)[0, :n].tolist()))
+
+
+def test_new_request_resets_and_two_drafters_do_not_share_state():
+    torch._dynamo.reset()
+    m1, _ = _pair(1)
+    m2, _ = _pair(2)
+    c1 = trimpass.trim(m1, refresh_every=0)
+    c2 = trimpass.trim(m2, refresh_every=0)
+    with torch.no_grad():
+        c1(torch.tensor([[1, 2, 3]]), torch.arange(3))
+        c2(torch.tensor([[4, 5]]), torch.arange(2))
+        assert trimpass.stats(c1)["batch1"]["active"] == [3]
+        assert trimpass.stats(c2)["batch1"]["active"] == [2]
+        c1(torch.tensor([[9]]), torch.tensor([0]))  # position 0: a new request
+        assert trimpass.stats(c1)["batch1"]["active"] == [1]
+        trimpass.reset(c2)
+        assert trimpass.stats(c2)["batch1"]["active"] == [0]
+
+
+def test_observe_admits_the_targets_top_ids():
+    torch._dynamo.reset()
+    m, _ = _pair()
+    c = trimpass.trim(m, refresh_every=0)
+    with torch.no_grad():
+        c(torch.tensor([[1, 2]]), torch.arange(2))
+        target_logits = torch.full((1, 1, V), -5.0)
+        target_logits[0, 0, [300, 301, 302]] = 5.0
+        trimpass.observe(c, target_logits, k=3)
+        n = trimpass.stats(c)["batch1"]["active"][0]
+        assert {300, 301, 302} <= set(trimpass.active_ids(c)[0, :n].tolist())
+
+
+def test_batch_of_two_rows_has_per_row_vocabularies():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = Transformer(V).eval()
+    c = trimpass.trim(m, refresh_every=0, inner="aot_eager")
+    ids = torch.tensor([[1, 2, 3], [7, 8, 9]])
+    with torch.no_grad():
+        out = c(ids)
+        ref = m.forward(ids)
+    assert set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist()) == {1, 2, 3}
+    assert set(torch.isfinite(out[1, -1]).nonzero().flatten().tolist()) == {7, 8, 9}
+    assert torch.allclose(out[1, -1, [7, 8, 9]], ref[1, -1, [7, 8, 9]], atol=1e-5)

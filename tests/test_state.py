@@ -1,0 +1,101 @@
+"""The dynamic vocabulary's state and its admit op: set semantics, eviction, reset, no host sync."""
+import pytest
+import torch
+
+import trimpass
+from trimpass.config import TrimConfig
+from trimpass.state import ActiveState
+
+
+def _state(cap=8, V=50, B=2, keep=(), core=None):
+    st = ActiveState(TrimConfig(capacity=cap, keep=keep, core=core))
+    return st, st.buffers(B, V, "cpu")
+
+
+def _active(b, row=0):
+    n = int(b["count"][row])
+    return set(b["idx"][row, :n].tolist())
+
+
+def _consistent(b, V):
+    for r in range(b["count"].shape[0]):
+        n = int(b["count"][r])
+        ids = b["idx"][r, :n]
+        assert len(set(ids.tolist())) == n, "an id holds two slots"
+        assert torch.equal(b["slot"][r, ids].long(), torch.arange(n)), "slot map disagrees"
+        assert int((b["slot"][r, :V] >= 0).sum()) == n, "stale entries in the slot map"
+
+
+def test_admit_is_a_set_union_per_row():
+    st, b = _state()
+    st.admit(torch.tensor([[3, 7, 3, 9], [1, 1, 1, 1]]))
+    assert _active(b, 0) == {3, 7, 9} and _active(b, 1) == {1}
+    st.admit(torch.tensor([[9, 4], [2, 1]]))
+    assert _active(b, 0) == {3, 7, 9, 4} and _active(b, 1) == {1, 2}
+    _consistent(b, 50)
+
+
+def test_least_recently_seen_is_evicted_and_core_never():
+    st, b = _state(cap=5, keep=[0], core=[49])
+    assert _active(b) == {0, 49}
+    st.admit(torch.tensor([[10, 11, 12], [1, 2, 3]]))  # full now: 0, 49, 10, 11, 12
+    st.admit(torch.tensor([[10, 12], [1, 2]]))  # 11 is now least recently seen in row 0
+    st.admit(torch.tensor([[20, 20], [4, 4]]))
+    assert _active(b, 0) == {0, 49, 10, 12, 20}
+    st.admit(torch.tensor([[21, 22], [5, 6]]))  # evicts 10 and 12 (both older than 20)
+    assert _active(b, 0) == {0, 49, 20, 21, 22}
+    assert int(b["count"][0]) == 5
+    _consistent(b, 50)
+
+
+def test_more_new_ids_than_capacity_keeps_count_bounded():
+    st, b = _state(cap=6, B=1)
+    st.admit(torch.arange(30, 45)[None])
+    assert int(b["count"][0]) == 6 and _active(b) <= set(range(30, 45))
+    _consistent(b, 50)
+
+
+def test_reset_on_position_zero_and_explicit():
+    st, b = _state(cap=8, B=2, keep=[5])
+    st.admit(torch.tensor([[1, 2], [3, 4]]))
+    pos = torch.tensor([[0, 1], [7, 8]])  # row 0 starts a new request, row 1 continues
+    torch.ops.trimpass.admit(b["slot"], b["idx"], b["stamp"], b["count"], b["clock"],
+                             torch.tensor([[9, 9], [6, 6]]), pos, b["n_core"])
+    assert _active(b, 0) == {5, 9} and _active(b, 1) == {5, 3, 4, 6}
+    st.reset()
+    assert _active(b, 0) == {5} and _active(b, 1) == {5}
+    _consistent(b, 50)
+
+
+def test_out_of_range_ids_raise():
+    st, _ = _state()
+    with pytest.raises(ValueError, match=r"ids: token ids must be in \[0, 50\)"):
+        st.admit(torch.tensor([[3, 50], [1, 2]]))
+    with pytest.raises(ValueError, match="no state for batch size 3"):
+        st.admit(torch.zeros(3, 1, dtype=torch.long))
+
+
+def test_capacity_must_leave_room_beside_core():
+    st = ActiveState(TrimConfig(capacity=3, keep=[0, 1, 2]))
+    with pytest.raises(ValueError, match="capacity: 3 leaves no room"):
+        st.buffers(1, 10, "cpu")
+
+
+def test_admit_compiles_fullgraph_without_host_sync():
+    st, b = _state(cap=16, B=2)
+    bufs = [b[k] for k in ("slot", "idx", "stamp", "count", "clock")]
+
+    def step(ids, pos):
+        torch.ops.trimpass.admit(*bufs, ids, pos, 0)
+        return b["count"] + 0
+
+    compiled = torch.compile(step, backend="inductor", fullgraph=True)
+    eager_st, eb = _state(cap=16, B=2)
+    for t in range(12):
+        ids = torch.randint(0, 50, (2, 3))
+        pos = torch.full((2, 1), t)
+        compiled(ids, pos)
+        torch.ops.trimpass.admit(*[eb[k] for k in ("slot", "idx", "stamp", "count", "clock")],
+                                 ids, pos, 0)
+    for k in ("slot", "idx", "count"):
+        assert torch.equal(b[k], eb[k]), f"compiled admission differs from eager on {k}"
