@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -35,6 +36,27 @@ def _bench(args) -> int:
     return 0
 
 
+def _select(args) -> int:
+    from trimpass.select.report import run
+    try:
+        r = run(args)
+    except ValueError as e:  # bad input: one clear line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"chosen K = {r['K']:,} of {r['head_vocab_size']:,} (alpha={r['alpha']}, "
+          f"min coverage {r['min_coverage']}, {r['trials']} TPE trials, cost model {r['cost_model']})")
+    for name, cov in {**r["heldout_coverage"], **r["eval_coverage"]}.items():
+        print(f"  held-out coverage on {name}: {cov:.4f}")
+    print(f"  predicted latency reduction: {100 * r['predicted_reduction']:.1f}%")
+    for name, c in r["counting"].items():
+        print(f"  counted {name}: {c['tokens']:,} tokens in {c['docs']:,} documents "
+              f"({c['skipped']} malformed records skipped); counting "
+              f"{c['counting_tokens_per_s'] / 1e6:.0f}M tokens/s")
+    print(f"wrote {r['out']} (load with trimpass.backend(vocab=...)), "
+          f"{os.path.splitext(r['out'])[0]}.json and {r['png']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m trimpass",
@@ -55,6 +77,31 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--k", type=int, nargs="+", default=[1000, 3000, 8000, 32000])
     b.add_argument("--m", type=int, nargs="+", default=[1, 8, 64])
     b.set_defaults(fn=_bench)
+
+    s = sub.add_parser("select", help="choose a static vocabulary from real text (TPE search)",
+                       description="Count tokens on real corpora, then search the kept size K "
+                       "for the best alpha*coverage + (1-alpha)*latency reduction with coverage "
+                       ">= --min-coverage, measured on held-out documents.")
+    s.add_argument("--tokenizer", required=True,
+                   help="qwen2.5, qwen3.6, llama3, qwen3, o200k, cl100k or gemma3")
+    s.add_argument("--corpus", action="append", required=True, metavar="SPEC",
+                   help="sharegpt, stdlib, pydoc or a file (.txt, .jsonl, chat .json); ':N' "
+                   "keeps N documents; repeat for several (mixing weights are searched too)")
+    s.add_argument("--eval", nargs="*", metavar="SPEC", help="extra corpora to report "
+                   "held-out coverage on")
+    s.add_argument("--min-coverage", type=float, default=0.95)
+    s.add_argument("--alpha", type=float, default=0.5, help="weight of coverage in the utility")
+    s.add_argument("--cost", choices=["flops", "measured"], default="flops",
+                   help="latency model: drafter FLOPs, or the timed trimmed op on this device")
+    s.add_argument("--drafter", help="gemma3-270m, qwen2.5-0.5b or eagle-llama3-8b (shape)")
+    s.add_argument("--vocab-size", type=int, help="rows of the drafter's head")
+    s.add_argument("--max-k", type=int, help="largest K to consider")
+    s.add_argument("--keep", type=int, nargs="*", help="ids always kept (EOS, BOS, pad)")
+    s.add_argument("--trials", type=int, default=100)
+    s.add_argument("--export-sglang", metavar="PATH", help="also write SGLang's token map")
+    s.add_argument("--export-eagle3", metavar="PATH", help="also write EAGLE-3 d2t/t2d")
+    s.add_argument("--out", default="vocab.pt")
+    s.set_defaults(fn=_select)
 
     args = p.parse_args(argv)
     return args.fn(args)
