@@ -7,19 +7,8 @@ import sys
 
 
 def _demo(args) -> int:
-    import torch
-
-    from trimpass.headbench import format_table, time_head
-    from trimpass.progress import progress
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    print(f"trimpass demo: LM head of {args.shape} on {device} ({dtype}), full vs trimmed vs a "
-          "dense pre-gathered copy, timed side by side (random weights: timing only)")
-    rows = [time_head(args.shape, K, M, dtype=dtype, device=device)
-            for K, M in progress([(K, M) for K in args.k for M in args.m], desc="timing")]
-    print(format_table(rows))
-    return 0
+    from trimpass.demo import main as demo
+    return demo(args)
 
 
 def _bench(args) -> int:
@@ -63,12 +52,18 @@ def main(argv: list[str] | None = None) -> int:
         description="Trim a speculative-decoding drafter's LM head to an active vocabulary.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="the main job: show what trimming buys on this machine",
-                       description="Time the full LM head against the trimmed op.")
-    d.add_argument("--shape", default="gemma3-270m", help="head shape (default: %(default)s)")
-    d.add_argument("--k", type=int, nargs="+", default=[1000, 3000, 8000, 32000],
-                   help="active vocabulary sizes (default: %(default)s)")
-    d.add_argument("--m", type=int, nargs="+", default=[1, 8], help="rows per call")
+    d = sub.add_parser("demo", help="the main job: the real Gemma-3-270M drafter, trimmed vs not",
+                       description="Hugging Face assisted generation with the real Gemma-3-270M: "
+                       "target at full vocabulary, a truncated drafter trimmed by trimpass and "
+                       "not; prints a table and writes a PNG.")
+    d.add_argument("--prompts", type=int, default=4, help="ShareGPT prompts (default: %(default)s)")
+    d.add_argument("--new-tokens", type=int, default=32, help="tokens per prompt")
+    d.add_argument("--prompt-tokens", type=int, default=96, help="prompt length cap")
+    d.add_argument("--layers", type=int, default=2, help="drafter's decoder layers")
+    d.add_argument("--capacities", type=int, nargs="+", default=[4096, 512],
+                   help="dynamic-vocabulary capacities to run (default: %(default)s)")
+    d.add_argument("--inner", default="aot_eager", help="inner compiler for both drafters")
+    d.add_argument("--out", default="out", help="folder for demo.png")
     d.set_defaults(fn=_demo)
 
     b = sub.add_parser("bench", help="time full vs trimmed vs pre-gathered heads, as ratios",

@@ -4,9 +4,10 @@ On a CPU, gathering ``W[idx]`` on every call costs as much as a large share of t
 dense matmul on a pre-gathered ``[K, d]`` copy runs from cache. So the CPU path keeps that copy and
 refreshes it incrementally: each call compares the id buffer with the snapshot taken at the last
 gather (a few microseconds for thousands of ids) and re-gathers only the slots that changed. The copy
-is dropped whenever the weight's storage, shape or version counter changes, so results follow
-in-place updates (``load_state_dict``, ``copy_`` under ``no_grad``) and re-assigned parameters. The
-cache holds a strong reference to the weight's storage, so an address cannot be reused while cached.
+is keyed by the weight and the id buffer's shape, and dropped whenever the weight's storage, shape
+or version counter changes, so results follow in-place updates (``load_state_dict``, ``copy_``
+under ``no_grad``) and re-assigned parameters. The cache holds a strong reference to the weight's
+storage, so an address cannot be reused while cached.
 """
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ def compact_rows(weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Ten
                  n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rows ``weight[idx[g, j]]`` for ``j < n`` as ``[G, n, d]`` (and bias ``[G, n]``), kept current."""
     G, CAP = idx.shape
+    # Not keyed by idx's address: compiled graphs may pass a fresh functional copy every call.
+    # The snapshot comparison below finds what changed, whatever buffer the ids arrive in.
     key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype,
-           None if bias is None else bias.data_ptr(), idx.data_ptr(), G, CAP)
+           None if bias is None else bias.data_ptr(), G, CAP)
     entry = _cache.get(key)
     w_version = _version(weight) + (0 if bias is None else _version(bias))
     if entry is None or entry.w_version != w_version or w_version < 0:

@@ -75,16 +75,18 @@ def admit_(slot, idx, stamp, count, clock, ids, pos, n_core: int) -> None:
 
 _lib.define("refresh(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) slot, Tensor(b!) idx, "
             "Tensor(c!) stamp, Tensor(d!) count, Tensor(e!) clock, int n_core, int every, "
-            "int topk) -> ()")
-_steps: dict[int, int] = {}  # host-side step counter per state (keyed by its clock buffer)
+            "int topk, int state_id) -> ()")
+# Host-side step counters, keyed by a state id baked into the graph: compiled graphs hand the op
+# functionalized copies of the buffers, so no tensor address identifies a state.
+_steps: dict[tuple, int] = {}
 
 
 def refresh_(x, weight, bias, slot, idx, stamp, count, clock, n_core: int, every: int,
-             topk: int) -> None:
+             topk: int, state_id: int) -> None:
     """Every ``every``-th call, compute the full head for each row's last position and admit its
     top ``topk`` ids. The schedule is counted on the host (no device read); inside a CUDA-graph
     capture it is skipped, so captured graphs never refresh."""
-    key = clock.data_ptr()
+    key = (state_id, idx.shape[0])
     step = _steps.get(key, 0)
     _steps[key] = step + 1
     if every <= 0 or step % every or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
@@ -159,6 +161,8 @@ class ActiveState:
         self.admit(ids.reshape(ids.shape[0], -1))
 
     def reset(self) -> None:
+        for key in [k for k in _steps if k[0] == id(self)]:
+            del _steps[key]
         for b in self.rows.values():
             B = b["count"].shape[0]
             torch.ops.trimpass.admit(b["slot"], b["idx"], b["stamp"], b["count"], b["clock"],

@@ -86,4 +86,5 @@ class DynamicIndex:
         with graph.inserting_before(head.node):
             graph.call_function(torch.ops.trimpass.refresh.default, (
                 head.x, weight, bias, *(self.got[n] for n in _BUFFERS), self.n_core,
-                cfg.refresh_every, min(cfg.refresh_topk, cfg.capacity - self.n_core)))
+                cfg.refresh_every, min(cfg.refresh_topk, cfg.capacity - self.n_core),
+                id(self.state)))

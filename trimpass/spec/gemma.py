@@ -60,6 +60,9 @@ def truncated(model, layers: int):
     inner.config = config
     draft = copy.copy(model)
     draft._modules = dict(model._modules)
+    for name in ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+                 "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+        setattr(draft, name, type(getattr(model, name))())  # hooks on the model stay its own
     draft.model = inner
     draft.config = config
     return draft

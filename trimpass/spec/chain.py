@@ -1,0 +1,103 @@
+"""A reference speculative loop, gpt-fast style: chain drafting of ``gamma`` tokens, then one
+target pass that verifies them — greedily, or by rejection sampling that keeps the target's
+distribution exactly (Leviathan et al., Chen et al.). Batch 1, no KV cache (each call sees the
+whole sequence), so it fits on one screen and works with any ``model(ids) -> logits`` callable:
+a plain module, an HF model, a compiled or trimmed drafter. Nothing in it knows about trimming.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LoopStats:
+    rounds: int = 0  # verification passes
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    draft_calls: int = 0
+    per_round: list = field(default_factory=list)
+
+    @property
+    def mat(self) -> float:
+        """Mean tokens emitted per verification (accepted drafts + the target's own token)."""
+        return self.emitted / max(self.rounds, 1)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / max(self.drafted, 1)
+
+
+def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
+    out = model(ids)
+    return (out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out)
+
+
+def _timed(stats: LoopStats, attr: str, fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    setattr(stats, attr, getattr(stats, attr) + time.perf_counter() - t0)
+    return out
+
+
+def exact_accept(p_target: torch.Tensor, q_draft: torch.Tensor, x: int, u: float) -> bool:
+    return u * float(q_draft[x]) <= float(p_target[x])
+
+
+@torch.no_grad()
+def generate(target, draft, ids: torch.Tensor, max_new: int, gamma: int = 4,
+             temperature: float = 0.0, generator: torch.Generator | None = None,
+             accept=exact_accept) -> tuple[torch.Tensor, LoopStats]:
+    """Speculative decoding of ``max_new`` tokens after ``ids[1, S]``; greedy when temperature 0."""
+    st = LoopStats()
+    greedy = temperature == 0.0
+
+    def dist(logits):
+        return torch.softmax(logits.double() / temperature, dim=-1)
+
+    def pick(p):
+        return int(torch.multinomial(p, 1, generator=generator))
+
+    while st.emitted < max_new:
+        n = min(gamma, max_new - st.emitted - 1) if max_new - st.emitted > 1 else 0
+        seq, qs = ids, []
+        for _ in range(n):  # draft
+            lg = _timed(st, "draft_s", logits_of, draft, seq)[0, -1]
+            st.draft_calls += 1
+            q = None if greedy else dist(lg)
+            tok = int(lg.argmax()) if greedy else pick(q)
+            qs.append(q)
+            seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
+        tl = _timed(st, "target_s", logits_of, target, seq)[0, ids.shape[1] - 1:]  # [n + 1, V]
+        drafts = seq[0, ids.shape[1]:].tolist()
+        out = []
+        for i, x in enumerate(drafts):  # verify
+            if greedy:
+                ok = int(tl[i].argmax()) == x
+            else:
+                u = float(torch.rand(1, generator=generator, dtype=torch.float64))
+                ok = accept(dist(tl[i]), qs[i], x, u)
+            if not ok:
+                break
+            out.append(x)
+        n_acc = len(out)
+        if n_acc < len(drafts):  # the target's correction at the first rejection
+            if greedy:
+                out.append(int(tl[n_acc].argmax()))
+            else:
+                resid = (dist(tl[n_acc]) - qs[n_acc]).clamp_min(0)
+                out.append(pick(resid / resid.sum()))
+        else:  # all accepted: the bonus token
+            out.append(int(tl[n_acc].argmax()) if greedy else pick(dist(tl[n_acc])))
+        st.rounds += 1
+        st.drafted += len(drafts)
+        st.accepted += n_acc
+        st.emitted += len(out)
+        st.per_round.append(len(out))
+        ids = torch.cat([ids, ids.new_tensor([out])], dim=1)
+    return ids, st
