@@ -11,7 +11,8 @@ the core set (the kept ids and any configured core list) and are never evicted.
 no host read of any device value, so a compiled step stays CUDA-graph capturable. Ids admitted in
 one call form a set: already-active ids are re-stamped; new ids take free slots, then evict the
 least recently seen non-core slots; if a call brings more new ids than that, the surplus (highest
-ids first) waits for the next call. A row whose position input starts at 0 is reset first (a new
+ids first) waits for the next call (:mod:`trimpass.kernels.vocab_state`: the Triton kernel on CUDA,
+its torch reference elsewhere). A row whose position input starts at 0 is reset first (a new
 request). The head is exact on every active id whatever the set is, so the policy decides speed and
 draft quality, never correctness.
 """
@@ -19,13 +20,21 @@ from __future__ import annotations
 
 import torch
 
+from trimpass.kernels import vocab_state
+
 _lib = torch.library.Library("trimpass", "FRAGMENT")
 _lib.define("admit(Tensor(a!) slot, Tensor(b!) idx, Tensor(c!) stamp, Tensor(d!) count, "
             "Tensor(e!) clock, Tensor ids, Tensor? pos, int n_core) -> ()")
 
 
+def _use_kernel(t: torch.Tensor) -> bool:
+    from trimpass import ops
+    return ops._use_triton(t)
+
+
 def admit_(slot, idx, stamp, count, clock, ids, pos, n_core: int) -> None:
-    """Reference (torch) admission; runs on any device without a host sync."""
+    """Admit ``ids[B, ...]``: the Triton kernel on CUDA (or when forced), torch ops elsewhere;
+    neither reads a device value on the host."""
     B, V, cap = slot.shape[0], slot.shape[1] - 1, idx.shape[1] - 1
     ids = ids.reshape(B, -1).long()
     if ids.device.type == "cpu":  # a check without a device sync is only possible here
@@ -43,34 +52,10 @@ def admit_(slot, idx, stamp, count, clock, ids, pos, n_core: int) -> None:
         count.copy_(torch.where(fresh[:, 0], torch.full_like(count, n_core), count))
         stamp.masked_fill_(fresh & (torch.arange(cap + 1, device=stamp.device) >= n_core), -1)
     clock.add_(1)
-    now = clock.expand(B, ids.shape[1])
-    sids, _ = ids.sort(dim=1)
-    first = torch.ones_like(sids, dtype=torch.bool)
-    first[:, 1:] = sids[:, 1:] != sids[:, :-1]
-    cur = slot.gather(1, sids).long()
-    stamp.scatter_(1, torch.where(first & (cur >= 0), cur, cap), now)
-    new = first & (cur < 0)
-    rank = new.long().cumsum(1) - 1
-    count64 = count.long()[:, None]
-    free_pos = count64 + rank
-    use_free = free_pos < cap
-    # eviction candidates: used, non-core slots not seen in this call, least recently seen first
-    slots = torch.arange(cap, device=idx.device)
-    old = stamp[:, :cap].masked_fill((slots < n_core) | (slots >= count64) |
-                                     (stamp[:, :cap] == clock), torch.iinfo(torch.int64).max)
-    k_ev = min(ids.shape[1], cap)
-    ev_stamp, lru = old.topk(k_ev, dim=1, largest=False)
-    ev_rank = (rank - (cap - count64)).clamp(0, k_ev - 1)
-    ev_ok = ev_stamp.gather(1, ev_rank) < torch.iinfo(torch.int64).max
-    target = torch.where(use_free, free_pos, lru.gather(1, ev_rank))
-    ok = new & (use_free | ev_ok)
-    target = torch.where(ok, target, cap)
-    evicted = idx.gather(1, target)
-    slot.scatter_(1, torch.where(ok & ~use_free, evicted, V), -1)
-    idx.scatter_(1, target, torch.where(ok, sids, idx.gather(1, target)))
-    slot.scatter_(1, torch.where(ok, sids, V), target.to(slot.dtype))
-    stamp.scatter_(1, target, now)
-    count.add_((ok & use_free).sum(1).to(count.dtype))
+    if _use_kernel(ids) and ids.shape[1] <= vocab_state.MAX_S:
+        vocab_state.admit(slot, idx, stamp, count, clock, ids.contiguous(), n_core)
+    else:
+        vocab_state.admit_reference(slot, idx, stamp, count, clock, ids, n_core)
 
 
 _lib.define("refresh(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) slot, Tensor(b!) idx, "
