@@ -269,3 +269,29 @@ def test_warnings_are_not_raised_for_a_rewritten_graph():
         warnings.simplefilter("error", trimpass.TrimpassWarning)
         with torch.no_grad():
             _compile(m, _vocab())[0](torch.randint(0, V, (1, 2)))
+
+
+W_GLOBAL = torch.randn(V, 40) / 6
+LAST = torch.tensor([2])
+
+
+class GlobalHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, 40)
+
+    def forward(self, ids):
+        return self.emb(ids).index_select(1, LAST) @ W_GLOBAL.T
+
+
+def test_anonymous_constants_as_head_weight_and_index():
+    m = GlobalHead().eval()
+    gm = torch.fx.symbolic_trace(m)
+    consts = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
+    assert any(c.startswith("_tensor_constant") for c in consts)  # folded into anonymous constants
+    vocab = _vocab()
+    with torch.no_grad():
+        new = rewrite(gm, TrimConfig(vocab=vocab))
+        ids = torch.randint(0, V, (2, 4))
+        _assert_trimmed(new(ids), m(ids), vocab)
+    assert new.meta["trimpass"].rewritten == ["matmul"]

@@ -65,6 +65,7 @@ class Head:
     weight: fx.Node | str  # a [V, d] graph input / attribute, or "module.weight" for call_module
     bias: fx.Node | str | None
     name: str = ""
+    stored_t: bool = False  # the graph holds W as a transposed [d, V] view (e.g. a folded W.T)
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _transposed_source(node) -> fx.Node | None:
     return None
 
 
-def linear_like(node: fx.Node, gm: fx.GraphModule) -> Head | None:
+def linear_like(node: fx.Node, gm: fx.GraphModule, example_inputs=None) -> Head | None:
     """The (x, weight, bias) of a projection node, or None when it is not one."""
     t, a = _target(node), node.args
     kw = node.kwargs
@@ -117,7 +118,12 @@ def linear_like(node: fx.Node, gm: fx.GraphModule) -> Head | None:
         return Head(node, a[0], w, b) if _is_param(w, gm) else None
     if (t in MATMUL_FNS or t in MATMUL_METHODS) and len(a) == 2:
         w = _transposed_source(a[1])
-        return Head(node, a[0], w, None) if _is_param(w, gm) else None
+        if _is_param(w, gm):
+            return Head(node, a[0], w, None)
+        wt = tensor_of(a[1], gm, example_inputs) if _is_param(a[1], gm) else None
+        if isinstance(wt, torch.Tensor) and wt.dim() == 2 and wt.T.is_contiguous():
+            return Head(node, a[0], a[1], None, stored_t=True)  # a constant already transposed
+        return None
     if t in (torch.addmm, "addmm") and len(a) == 3:
         w = _transposed_source(a[2])
         return Head(node, a[1], w, a[0]) if _is_param(w, gm) else None
@@ -227,8 +233,10 @@ def find_heads(gm: fx.GraphModule, example_inputs=None, vocab_size: int | None =
     V = max((t.shape[0] for t in tables), default=None) or vocab_size
     cands = []
     for n in gm.graph.nodes:
-        h = linear_like(n, gm) if n.op in ("call_function", "call_method", "call_module") else None
+        h = linear_like(n, gm, example_inputs) if n.op in ("call_function", "call_method",
+                                                            "call_module") else None
         w = tensor_of(h.weight, gm, example_inputs) if h else None
+        w = w.T if h and h.stored_t and isinstance(w, torch.Tensor) else w
         if h and isinstance(w, torch.Tensor) and w.dim() == 2:
             cands.append((h, w))
     if V is None and cands:  # no lookup, no configured size: the widest vocabulary-like projection

@@ -87,6 +87,9 @@ def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inp
     kinds = dict(m.kinds)
     for h in m.heads:
         w = _ref_node(graph, h.weight, h.node)
+        if h.stored_t:
+            with graph.inserting_before(h.node):
+                w = graph.call_function(torch.t, (w,))
         b = _ref_node(graph, h.bias, h.node)
         if hasattr(index, "before_head"):
             index.before_head(graph, h, w, b)
