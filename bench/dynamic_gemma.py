@@ -122,6 +122,7 @@ def main():
         amortized = float(np.mean(active)) + (V / every if every else 0.0)
         res[name] = dict(agree=float(np.mean(agree)), active=float(np.mean(active)),
                          head_rows_per_step=amortized, seconds=time.time() - t0)
+        print(f"{name}: {res[name]}", flush=True)
     print(f"| set ({len(ps)} prompts x {a.steps} steps) | greedy agreement | mean active ids | "
           "head rows read per step (with refresh) |")
     print("|---|---|---|---|")
