@@ -54,7 +54,8 @@ class TrimConfig:
     core: dynamic mode: ids of a core set always active (e.g. a static list from ``select``);
         ``None`` learns one online from the drafter's periodic full-vocabulary steps.
     refresh_every: dynamic mode: every N-th step computes the full head once and admits its top
-        ids (0 disables); the cost is amortized over N steps.
+        ids; 0 (the default) disables it. Its cost, V/N head rows per step amortized, did not earn
+        its place in the measurements (see README); opt in for drafters that need it.
     refresh_topk: dynamic mode: how many top ids a refresh step admits.
     """
 
@@ -67,7 +68,7 @@ class TrimConfig:
     vocab_size: int | None = None
     capacity: int = 4096
     core: Any = None
-    refresh_every: int = 16
+    refresh_every: int = 0
     refresh_topk: int = 64
     _ids: torch.Tensor | None = field(default=None, init=False, repr=False)
     _keep: torch.Tensor = field(default=None, init=False, repr=False)
