@@ -58,8 +58,8 @@ class TrimBackend:
         if disabled():
             return compile_inner(gm, example_inputs, self.config.inner, mode, options)
         drafter = _current_drafter()
-        if drafter is not None and getattr(drafter, "_trimpass_backend", None) is None:
-            drafter._trimpass_backend = self  # so explain/reset/stats(drafter) find this backend
+        if drafter is not None:  # the latest backend compiling it is what explain/stats/observe see
+            drafter._trimpass_backend = self
         new = rewrite(gm, self.config, example_inputs, index=self._index())
         report = new.meta["trimpass"]
         self.reports.append(report)
