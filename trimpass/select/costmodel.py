@@ -63,7 +63,7 @@ class MeasuredModel:
     def measure(cls, V: int, d: int, device: str = "cpu", ks=(256, 1024, 4096, 16384),
                 cache: bool = True) -> "MeasuredModel":
         from trimpass.headbench import time_head
-        from trimpass.spec.gemma import cache_dir
+        from trimpass.cache import cache_dir
         tag = f"{platform.node()}-{device}-{V}x{d}"
         path = os.path.join(cache_dir(), "costmodel", f"{tag}.json")
         if cache and os.path.exists(path):

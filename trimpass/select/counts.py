@@ -16,7 +16,7 @@ import numpy as np
 
 from trimpass.progress import progress
 from trimpass.select import corpora
-from trimpass.spec.gemma import cache_dir
+from trimpass.cache import cache_dir
 
 BATCH = 512
 

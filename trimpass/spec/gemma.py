@@ -17,13 +17,10 @@ from functools import lru_cache
 
 import torch
 
+from trimpass.cache import cache_dir
+
 GGUF_NAME = "gemma3-270m-q4_k_m.gguf"
 SPACE = "\u2581"
-
-
-def cache_dir() -> str:
-    return os.environ.get("TRIMPASS_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
-                                                         "trimpass"))
 
 
 def gguf_path() -> str:
