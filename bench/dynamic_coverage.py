@@ -1,13 +1,17 @@
 """Teacher-forced coverage of the dynamic vocabulary on real token streams, against static top-K.
 
-Each held-out document is fed one token at a time through the state's real ``trimpass::admit`` op
-(the op the pass splices into the compiled drafter): ShareGPT conversations (the prompt turn
-admitted as context, the assistant turn scored), stdlib code and pydoc prose. A step counts as
-covered when the next token is already active; the active size includes the core set. Static top-K
-lists come from the counting split of the same corpus. Writes a PNG of coverage against mean active
-size and a JSON of the numbers.
+Each held-out document is fed one token at a time through a drafter compiled with trimpass in the
+dynamic mode (the smallest one: a token lookup and its tied head, so the graph, the pass and the
+state ops are the real ones and the weights do not matter): ShareGPT conversations (the prompt turn
+is the first call, the assistant turn is scored), stdlib code and pydoc prose (the first token
+starts the request). A step counts as covered when the next token is in the active set the head
+just read; the active size includes the core set. Static top-K lists come from the counting split
+of the same corpus. ``--observe`` (Gemma-3 tokenizer only) also runs the real Gemma-3-270M over
+each document as the target and feeds its top-3 at every verified position through
+``trimpass.observe``. Writes a PNG of coverage against mean active size and a JSON of the numbers.
 
-    python bench/dynamic_coverage.py --tokenizer qwen2.5 --docs 60 --out out/
+    python bench/dynamic_coverage.py --tokenizer qwen2.5 --docs 40 --out out/
+    python bench/dynamic_coverage.py --tokenizer gemma3 --count-docs 3000 --observe --out out/
 """
 from __future__ import annotations
 
@@ -18,10 +22,9 @@ import os
 import numpy as np
 import torch
 
-from trimpass.config import TrimConfig
+import trimpass
 from trimpass.progress import progress
 from trimpass.select import corpora, counts, tokenizers
-from trimpass.state import ActiveState
 
 CORPORA = ("sharegpt", "stdlib", "pydoc")
 
@@ -40,20 +43,56 @@ def streams(spec: str, enc, n: int, max_tokens: int):
     return out
 
 
-def dynamic(docs, V: int, core: np.ndarray | None, capacity: int):
-    hits = sizes = 0
-    steps = 0
-    for ctx, body in docs:
-        st = ActiveState(TrimConfig(capacity=capacity, core=None if core is None else
-                                    torch.from_numpy(core)))
-        b = st.buffers(1, V, "cpu")
-        if len(ctx):
-            st.admit(torch.from_numpy(ctx)[None])
-        for t in body.tolist():
-            hits += int(b["slot"][0, t]) >= 0
+class Probe(torch.nn.Module):
+    """The smallest drafter: a token lookup, a rotation by position, and its tied head. (The
+    position must be used, or Dynamo drops it and the pass sees no request start.)"""
+
+    def __init__(self, V: int):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, 8)
+
+    def forward(self, ids, input_pos):
+        x = self.emb(ids) * torch.cos(input_pos.to(torch.float32))[None, :, None]
+        return torch.nn.functional.linear(x, self.emb.weight)
+
+
+def target_top3(docs, k: int = 3):
+    """The real Gemma-3-270M's top-k for every body token of every doc (None: no context)."""
+    from trimpass.spec import gemma
+    model = gemma.load_model()
+    out = []
+    for ctx, body in progress(docs, desc="target"):
+        seq = torch.from_numpy(np.concatenate([[2], ctx, body]))
+        top = model(seq[None]).logits[0].topk(k, -1).indices  # top[j] predicts seq[j + 1]
+        out.append(top[len(ctx):len(ctx) + len(body)])  # row i predicts body[i]
+    return out
+
+
+def dynamic(docs, V: int, capacity: int, core=None, learn: int = 0, tops=None, warm=()):
+    """(coverage, mean active size) of one fresh drafter over ``docs``, after it has served the
+    ``warm`` requests (each as one call: they only teach the learned core)."""
+    torch._dynamo.reset()
+    draft = Probe(V).eval()
+    be = trimpass.backend(capacity=capacity, inner="eager", learn_core=learn,
+                          core=None if core is None else torch.from_numpy(core))
+    step = torch.compile(draft, backend=be, fullgraph=True, dynamic=True)
+    for ctx, body in warm:
+        seq = np.concatenate([ctx, body])
+        step(torch.from_numpy(seq)[None], torch.arange(len(seq)))
+    hits = sizes = steps = 0
+    for k, (ctx, body) in enumerate(docs):
+        first = ctx if len(ctx) else body[:1]
+        step(torch.from_numpy(first)[None], torch.arange(len(first)))
+        b, pos, start = be.state.rows[1], len(first), 0 if len(ctx) else 1
+        for i in range(start, len(body)):
+            if i > start:
+                step(torch.tensor([[int(body[i - 1])]]), torch.tensor([pos]))
+                pos += 1
+            if tops is not None and i >= 1:  # the target's top-3 at the last verified position
+                trimpass.observe(step, tops[k][i - 1].view(1, -1))
+            hits += int(b["slot"][0, int(body[i])]) >= 0
             sizes += int(b["count"][0])
             steps += 1
-            st.admit(torch.tensor([[t]]))
     return hits / steps, sizes / steps
 
 
@@ -63,25 +102,46 @@ def main():
     ap.add_argument("--docs", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--capacity", type=int, default=4096)
+    ap.add_argument("--warm", type=int, default=200, help="held-out requests served before "
+                    "scoring, unscored (they teach the learned core)")
+    ap.add_argument("--count-docs", type=int, help="cap the documents counted for static lists "
+                    "(a slow tokenizer: gemma3's is pure Python)")
+    ap.add_argument("--observe", action="store_true", help="also feed the real Gemma-3-270M's "
+                    "top-3 (gemma3 tokenizer only)")
     ap.add_argument("--out", default="out")
     a = ap.parse_args()
     enc = tokenizers.get(a.tokenizer)
     V = enc.vocab_size
     res = {}
+    if a.observe and a.tokenizer != "gemma3":
+        ap.error("--observe needs --tokenizer gemma3 (the target is the real Gemma-3-270M)")
+    torch.set_grad_enabled(False)
     for spec in CORPORA:
-        c = counts.count(enc, spec)
+        c = counts.count(enc, f"{spec}:{a.count_docs}" if a.count_docs else spec)
         rank = counts.ranking(c.train)
-        docs = streams(spec, enc, a.docs, a.max_tokens)
+        docs = streams(spec, enc, a.docs + a.warm, a.max_tokens)
+        warm, docs = docs[a.docs:], docs[:a.docs]
         scored = np.concatenate([b for _, b in docs])
         held = np.bincount(scored, minlength=V)
         static = {K: float(counts.coverage_curve(rank[:K], held)[-1])
                   for K in (1000, 3000, 8000, 16000, 32000, 64000) if K <= V}
+        variants = {"context": {}, "context+core1k": dict(core=rank[:1000]),
+                    "context+core2k": dict(core=rank[:2000]),
+                    "zero-config: context+learned1k (cold)": dict(learn=1024),
+                    "zero-config: context+learned1k": dict(learn=1024, warm=warm),
+                    "context+learned2k": dict(learn=2048, warm=warm),
+                    "context+learned2.5k": dict(learn=2560, warm=warm)}
+        if a.observe:
+            tops = target_top3(docs)
+            variants.update({"context+observe3": dict(tops=tops),
+                             "context+learned1k+observe3": dict(learn=1024, warm=warm, tops=tops),
+                             "context+learned2k+observe3": dict(learn=2048, warm=warm, tops=tops)})
         dyn = {}
-        for name, core in progress([("context", None), ("context+core1k", rank[:1000]),
-                                    ("context+core2k", rank[:2000])], desc=spec):
-            dyn[name] = dynamic(docs, V, core, a.capacity)
+        for name, kw in progress(list(variants.items()), desc=spec):
+            dyn[name] = dynamic(docs, V, a.capacity, **kw)
         res[spec] = dict(static=static, dynamic=dyn, steps=int(len(scored)))
-        print(f"\n{spec} ({a.tokenizer}, {len(docs)} held-out docs, {len(scored):,} scored steps)")
+        print(f"\n{spec} ({a.tokenizer}, {len(docs)} held-out docs, {len(scored):,} scored steps; "
+              f"learned cores warmed on {len(warm)} other held-out docs unless cold)")
         print("| set | coverage | mean active ids |\n|---|---|---|")
         for K, cov in static.items():
             print(f"| static top-{K // 1000}k | {cov:.3f} | {K:,} |")

@@ -17,7 +17,9 @@ from tests.graph.test_pass import TiedLM, V
     (dict(vocab=[1], inner="tvm-ish"), "inner: must be one of"),
     (dict(vocab=[1], mode="max-autotune", options={"a": 1}), "mode and options"),
     (dict(keep=[-4]), "keep: has negative"),
-    (dict(core=list(range(10)), capacity=8), "capacity: 8 is smaller than the core set"),
+    (dict(core=list(range(10)), capacity=8, learn_core=0), "capacity: 8 leaves no room"),
+    (dict(capacity=1000), "capacity: 1000 leaves no room .* lower learn_core"),
+    (dict(learn_core=-1), "learn_core: must be an int >= 0"),
     (dict(capacity=0), "capacity: must be a positive int"),
     (dict(vocab=[1], not_a_setting=1), "unexpected keyword argument 'not_a_setting'"),
 ])

@@ -7,8 +7,8 @@ from trimpass.config import TrimConfig
 from trimpass.state import ActiveState
 
 
-def _state(cap=8, V=50, B=2, keep=(), core=None):
-    st = ActiveState(TrimConfig(capacity=cap, keep=keep, core=core))
+def _state(cap=8, V=50, B=2, keep=(), core=None, learn=0):
+    st = ActiveState(TrimConfig(capacity=cap, keep=keep, core=core, learn_core=learn))
     return st, st.buffers(B, V, "cpu")
 
 
@@ -76,9 +76,42 @@ def test_out_of_range_ids_raise():
 
 
 def test_capacity_must_leave_room_beside_core():
-    st = ActiveState(TrimConfig(capacity=3, keep=[0, 1, 2]))
     with pytest.raises(ValueError, match="capacity: 3 leaves no room"):
-        st.buffers(1, 10, "cpu")
+        TrimConfig(capacity=3, keep=[0, 1, 2], learn_core=0)
+    with pytest.raises(ValueError, match="raise capacity, or lower learn_core"):
+        TrimConfig(capacity=64, keep=[0, 1], learn_core=62)
+
+
+def test_learned_core_is_the_most_frequent_earlier_input_and_fills_fresh_rows_only():
+    st, b = _state(cap=8, V=50, B=2, keep=[7], learn=2)
+    assert b["n_core"] == 3 and 7 not in st.learned.tolist()
+    pos0, pos5 = torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 5)
+    for ids in ([[4, 4, 9], [4, 11, 11]], [[9, 30, 4], [11, 2, 7]]):
+        ids = torch.tensor(ids)
+        torch.ops.trimpass.admit(*(b[k] for k in ("slot", "idx", "stamp", "count", "clock")),
+                                 ids, pos5, b["n_core"], st.learned)
+        torch.ops.trimpass.learn(st.freq, st.learned, ids, 1, st.serial)
+    # counts: 4 x4, 11 x3, 9 x2 (7 is kept: never learned)
+    assert set(st.learned.tolist()) == {4, 11}
+    core_before = b["idx"][:, :3].clone()
+    fresh = torch.tensor([[0], [5]])  # row 0 starts a new request, row 1 goes on
+    torch.ops.trimpass.admit(*(b[k] for k in ("slot", "idx", "stamp", "count", "clock")),
+                             torch.tensor([[30], [2]]), fresh, b["n_core"], st.learned)
+    assert _active(b, 0) == {7, 4, 11, 30}
+    assert torch.equal(b["idx"][1, :3], core_before[1])
+    _consistent(b, 50)
+
+
+def test_learned_core_ranks_on_schedule_and_on_reset():
+    st, b = _state(cap=16, V=50, B=1, learn=1)
+    every = 3
+    for k in range(1, every + 1):
+        before = st.learned.clone()
+        torch.ops.trimpass.learn(st.freq, st.learned, torch.tensor([[42]]), every, st.serial)
+        assert int(st.learned[0]) == 42 if k == every else torch.equal(st.learned, before)
+    st.freq[13] = 100.0
+    st.reset()
+    assert int(st.learned[0]) == 13 and 13 in _active(b)
 
 
 @pytest.mark.parametrize("kernel", ["torch", "triton"])
@@ -103,3 +136,9 @@ def test_admit_compiles_fullgraph_without_host_sync(kernel):
     for k in ("slot", "idx", "count"):  # the last column of slot/idx is scratch
         a, e = (b[k], eb[k]) if k == "count" else (b[k][:, :-1], eb[k][:, :-1])
         assert torch.equal(a, e), f"compiled admission differs from eager on {k}"
+
+
+def test_learned_core_starts_from_the_lowest_ids_outside_the_fixed_core():
+    st, b = _state(cap=16, V=50, B=1, keep=[1], core=[0, 3], learn=4)
+    assert sorted(st.learned.tolist()) == [2, 4, 5, 6]
+    assert _active(b) == {0, 1, 2, 3, 4, 5, 6}

@@ -51,8 +51,10 @@ class TrimConfig:
     mode, options: forwarded to inductor (as ``torch.compile``'s).
     vocab_size: the head's V, when the graph has no embedding lookup to read it from.
     capacity: dynamic mode: active ids kept per batch row (least recently seen are evicted).
-    core: dynamic mode: ids of a core set always active (e.g. a static list from ``select``);
-        ``None`` learns one online from the drafter's periodic full-vocabulary steps.
+    core: dynamic mode: ids of a core set always active (e.g. a static list from ``select``).
+    learn_core: dynamic mode: how many more core ids to learn online, on the device, from the
+        drafter's own traffic: each new request starts with the ids its earlier requests received
+        most often. Needs no tokenizer and no data; 0 disables it.
     refresh_every: dynamic mode: every N-th step computes the full head once and admits its top
         ids; 0 (the default) disables it. Its cost, V/N head rows per step amortized, did not earn
         its place in the measurements (see README); opt in for drafters that need it.
@@ -68,6 +70,7 @@ class TrimConfig:
     vocab_size: int | None = None
     capacity: int = 4096
     core: Any = None
+    learn_core: int = 1024
     refresh_every: int = 0
     refresh_topk: int = 64
     _ids: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -89,6 +92,9 @@ class TrimConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise TrimpassError(f"{name}: must be a positive int, got {v!r}")
+        if not isinstance(self.learn_core, int) or self.learn_core < 0:
+            raise TrimpassError(f"learn_core: must be an int >= 0 (0 disables), got "
+                                f"{self.learn_core!r}")
         if not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise TrimpassError(f"refresh_every: must be an int >= 0 (0 disables), got "
                                 f"{self.refresh_every!r}")
@@ -97,10 +103,12 @@ class TrimConfig:
             self._ids = self._checked(self.vocab, "vocab")
         if self.core is not None:
             self._core = self._checked(self.core, "core")
-            if self._core.numel() + self._keep.numel() > self.capacity:
-                raise TrimpassError(
-                    f"capacity: {self.capacity} is smaller than the core set and kept ids "
-                    f"({self._core.numel()} + {self._keep.numel()}); raise capacity or shrink core")
+        n_core = (0 if self._core is None else self._core.numel()) + self._keep.numel()
+        if self.dynamic and n_core + self.learn_core >= self.capacity:
+            raise TrimpassError(
+                f"capacity: {self.capacity} leaves no room beside the core set, learned core and "
+                f"kept ids ({n_core - self._keep.numel()} + {self.learn_core} + "
+                f"{self._keep.numel()}); raise capacity, or lower learn_core or shrink core")
 
     def _checked(self, ids, name: str, allow_empty: bool = False) -> torch.Tensor:
         try:

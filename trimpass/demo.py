@@ -1,8 +1,9 @@
 """The main job: the real Gemma-3-270M in Hugging Face assisted generation, trimmed and not.
 
 The target is Gemma-3-270M at full vocabulary; the drafter is its first ``--layers`` decoder layers
-with the tied head (a self-speculative drafter), compiled with the same inner compiler once plainly
-and once through trimpass (zero configuration: the dynamic vocabulary). ``generate`` is called as
+with the tied head (a self-speculative drafter), compiled with the same inner compiler plainly and
+through trimpass (zero configuration: the dynamic vocabulary with its learned core; and the context
+alone, without the learned core). ``generate`` is called as
 a user would, on ShareGPT prompts. Printed: draft ms per call, MAT, acceptance, tokens/s, speedups,
 lossless ✓/✗, which model ran; a PNG plots draft time and MAT against the active vocabulary size.
 If the model package is missing, a small random-weight Gemma-3 stands in, and the table says so.
@@ -44,13 +45,33 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     from trimpass.select.corpora import held_out, read
     out = []
     for d in read("sharegpt"):
-        if held_out(d.doc_id) and d.prompt:
-            ids = tok.encode(d.prompt)[:max_tokens]
-            if len(ids) >= 24:
-                out.append(ids)
+        if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000:
+            out.append(tok.chat(d.prompt, max_tokens))
         if len(out) == n:
             return out
     return out
+
+
+def _admit_ms(draft, reps: int = 200) -> float:
+    """Median ms of one state update (one new id) on a copy of ``draft``'s batch-1 state."""
+    import time
+    b = trimpass._state(draft, "demo").rows[1]
+    bufs = [b[k].clone() for k in ("slot", "idx", "stamp", "count", "clock")]
+    V = bufs[0].shape[1] - 1
+    ids = torch.randint(0, V, (reps, 1, 1), device=bufs[0].device)
+    ts = []
+    for i in range(reps):
+        _sync(ids)
+        t0 = time.perf_counter()
+        torch.ops.trimpass.admit(*bufs, ids[i], None, b["n_core"])
+        _sync(ids)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def _sync(t: torch.Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize()
 
 
 def _plot(rows, path: str, model_name: str) -> None:
@@ -76,42 +97,49 @@ def _plot(rows, path: str, model_name: str) -> None:
 
 
 def main(args) -> int:
+    import transformers
+    transformers.logging.set_verbosity_error()  # generate()'s deprecation chatter, per call
     torch.set_grad_enabled(False)
     model, tok, name = _model()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
     V = model.config.vocab_size
     prompts = _prompts(tok, args.prompts, args.prompt_tokens, V)
     print(f"model: {name}; drafter: first {args.layers} layers + tied head (V={V:,}); "
-          f"{len(prompts)} ShareGPT prompts x {args.new_tokens} new tokens; inner compiler "
-          f"{args.inner}; device cpu")
+          f"{len(prompts)} ShareGPT prompts (Gemma turn format) x {args.new_tokens} new tokens; "
+          f"inner compiler {args.inner}; device {device}, float32")
     target_st, refs = assisted.run(model, None, prompts, args.new_tokens, "target alone")
-    variants = [("untrimmed", None)] + [(f"trimmed cap {c}", c) for c in args.capacities]
+    variants = [("untrimmed", None), ("trimmed, zero-config", {}),
+                ("trimmed, context only", dict(learn_core=0))]
     rows = []
-    for label, cap in variants:
+    for label, cfg in variants:
         torch._dynamo.reset()
         draft = G.truncated(model, args.layers)
-        if cap is None:
+        if cfg is None:
             assisted.compile_drafter(draft, args.inner)
             track = None
         else:
-            trimpass.trim(draft, capacity=cap, inner=args.inner)
+            trimpass.trim(draft, inner=args.inner, **cfg)
             act = []
             track = (lambda d=draft, a=act: a.append(trimpass.stats(d)["batch1"]["active"][0]))
         assisted.run(model, draft, prompts[:1], 4, "warm-up")  # compile outside the timing
         st, _ = assisted.run(model, draft, prompts, args.new_tokens, label, refs,
                              on_draft_call=track)
-        active = statistics.mean(act) if cap is not None and act else V
+        active = statistics.mean(act) if cfg is not None and act else V
+        state = _admit_ms(draft) / st.draft_ms if cfg is not None else None
         rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
-                         tps=st.tokens_per_s, lossless=st.lossless, active=active))
+                         tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state))
     base = rows[0]
-    print(f"\n| drafter | active ids | draft ms/call | vs untrimmed | MAT | acceptance | tokens/s | "
-          f"speedup vs target | lossless |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| (target alone) | {V:,} | - | - | 1.00 | - | {target_st.tokens_per_s:.2f} | x1.00 | "
-          f"✓ |")
+    print(f"\n| drafter | active ids | draft ms/call | vs untrimmed | state update | MAT | "
+          f"acceptance | tokens/s | speedup vs target | lossless |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| (target alone) | {V:,} | - | - | - | 1.00 | - | {target_st.tokens_per_s:.2f} | "
+          f"x1.00 | ✓ |")
     for r in rows:
+        share = "-" if r["state"] is None else f"{100 * r['state']:.1f}% of step"
         print(f"| {r['name']} | {r['active']:,.0f} | {r['draft_ms']:.2f} | "
-              f"x{base['draft_ms'] / r['draft_ms']:.2f} | {r['mat']:.2f} | {r['accept']:.2f} | "
-              f"{r['tps']:.2f} | x{r['tps'] / target_st.tokens_per_s:.2f} | "
+              f"x{base['draft_ms'] / r['draft_ms']:.2f} | {share} | {r['mat']:.2f} | "
+              f"{r['accept']:.2f} | {r['tps']:.2f} | x{r['tps'] / target_st.tokens_per_s:.2f} | "
               f"{'✓' if r['lossless'] else '✗'} |")
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "demo.png")

@@ -50,8 +50,8 @@ def test_new_request_resets_and_two_drafters_do_not_share_state():
     torch._dynamo.reset()
     m1, _ = _pair(1)
     m2, _ = _pair(2)
-    c1 = trimpass.trim(m1, refresh_every=0)
-    c2 = trimpass.trim(m2, refresh_every=0)
+    c1 = trimpass.trim(m1, refresh_every=0, learn_core=0)
+    c2 = trimpass.trim(m2, refresh_every=0, learn_core=0)
     with torch.no_grad():
         c1(torch.tensor([[1, 2, 3]]), torch.arange(3))
         c2(torch.tensor([[4, 5]]), torch.arange(2))
@@ -80,7 +80,7 @@ def test_batch_of_two_rows_has_per_row_vocabularies():
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = Transformer(V).eval()
-    c = trimpass.trim(m, refresh_every=0, inner="aot_eager")
+    c = trimpass.trim(m, refresh_every=0, learn_core=0, inner="aot_eager")
     ids = torch.tensor([[1, 2, 3], [7, 8, 9]])
     with torch.no_grad():
         out = c(ids)
@@ -88,3 +88,20 @@ def test_batch_of_two_rows_has_per_row_vocabularies():
     assert set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist()) == {1, 2, 3}
     assert set(torch.isfinite(out[1, -1]).nonzero().flatten().tolist()) == {7, 8, 9}
     assert torch.allclose(out[1, -1, [7, 8, 9]], ref[1, -1, [7, 8, 9]], atol=1e-5)
+
+
+def test_zero_config_learns_its_core_from_earlier_requests():
+    from trimpass.graph.dynamic import LEARN_EVERY
+    torch._dynamo.reset()
+    m, ref = _pair()
+    c = trimpass.trim(m, learn_core=4, capacity=64, inner="aot_eager")
+    with torch.no_grad():
+        for r in range(LEARN_EVERY):  # one call per request: each starts at position 0
+            c(torch.tensor([[100, 101, 102, 103, 200 + r % 7]]), torch.arange(5))
+        out = c(torch.tensor([[300]]), torch.tensor([0]))
+        ref_out = ref(torch.tensor([[300]]), torch.tensor([0]))
+    n = trimpass.stats(c)["batch1"]["active"][0]
+    active = set(trimpass.active_ids(c)[0, :n].tolist())
+    assert active == {100, 101, 102, 103, 300}
+    _check_step(out, ref_out, active)
+    assert "learned core 4" in trimpass.explain(c)

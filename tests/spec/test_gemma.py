@@ -52,3 +52,13 @@ def test_truncated_gemma_drafter_trimmed_in_assisted_generation(model, tok):
     assert torch.equal(out, ref)
     assert ops.calls["head_full"] + ops.calls["head_compact"] > before
     assert "rewritten: logits" in trimpass.explain(draft)
+
+
+def test_chat_prompt_uses_gemma_turn_tokens(tok):
+    ids = tok.chat("Name a color.")
+    assert tok.tokens[ids[1]] == "<start_of_turn>" and ids[0] == tok.bos_id
+    last = len(ids) - 1 - ids[::-1].index(105)
+    assert last > ids.index(106) and tok.decode(ids[last + 1:]) == "model\n"
+    assert tok.tokens[106] == "<end_of_turn>" and ids.count(106) == 1
+    assert tok.decode(ids[2:ids.index(106)]) == "user\nName a color."
+    assert len(tok.chat("word " * 50, max_tokens=5)) == len(tok.chat("")) + 5

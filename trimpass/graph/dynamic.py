@@ -17,6 +17,7 @@ from trimpass.graph.match import Match, value
 
 POSITION = re.compile(r"(cache_position|position_ids|input_pos|positions?)", re.IGNORECASE)
 _BUFFERS = ("slot", "idx", "stamp", "count", "clock")
+LEARN_EVERY = 32  # calls between re-rankings of the learned core: a top-k over V each time
 
 
 def _position_input(gm: fx.GraphModule):
@@ -59,10 +60,12 @@ class DynamicIndex:
         B = self._batch(m)
         buf = self.state.buffers(B, m.vocab_size, device)
         got = {}
+        shared = dict(freq=self.state.freq, learned=self.state.learned)
         with graph.inserting_before(before):
-            for name in _BUFFERS:
-                gm.register_buffer(f"_trimpass_{name}", buf[name])
+            for name, t in [(n, buf[n]) for n in _BUFFERS] + list(shared.items()):
+                gm.register_buffer(f"_trimpass_{name}", t)
                 got[name] = graph.get_attr(f"_trimpass_{name}")
+        learning = self.state.learned.numel() > 0
         pos = _position_input(gm)
         for lookup, ids in m.embeddings:
             v = value(ids)
@@ -70,8 +73,13 @@ class DynamicIndex:
                 continue  # another batch size than the head's: not this state's rows
             with graph.inserting_before(lookup):
                 graph.call_function(torch.ops.trimpass.admit.default,
-                                    tuple(got[n] for n in _BUFFERS) + (ids, pos, buf["n_core"]))
+                                    tuple(got[n] for n in _BUFFERS) + (ids, pos, buf["n_core"],
+                                                                       got["learned"]))
+                if learning:
+                    graph.call_function(torch.ops.trimpass.learn.default, (
+                        got["freq"], got["learned"], ids, LEARN_EVERY, self.state.serial))
         self.note = (f"dynamic vocabulary: batch {B}, capacity {self.state.config.capacity}, "
+                     f"learned core {self.state.learned.numel()}, "
                      f"admits at {len(m.embeddings)} token lookup(s); " +
                      (f"resets when {pos.name} starts at 0" if pos is not None else
                       "no position input found: call trimpass.reset(draft) between requests"))
@@ -87,4 +95,4 @@ class DynamicIndex:
             graph.call_function(torch.ops.trimpass.refresh.default, (
                 head.x, weight, bias, *(self.got[n] for n in _BUFFERS), self.n_core,
                 cfg.refresh_every, min(cfg.refresh_topk, cfg.capacity - self.n_core),
-                id(self.state)))
+                self.state.serial))

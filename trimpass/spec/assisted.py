@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trimpass.progress import progress
+
 
 @dataclass
 class RunStats:
@@ -49,8 +51,10 @@ class _Timer:
         self.fn, self.stats, self.on_call = fn, stats, on_call
 
     def __call__(self, *args, **kwargs):
+        _sync()
         t0 = time.perf_counter()
         out = self.fn(*args, **kwargs)
+        _sync()  # CUDA launches are asynchronous: time the work, not the launch
         dt = time.perf_counter() - t0
         self.stats.draft_calls += 1
         self.stats.draft_s += dt
@@ -58,6 +62,11 @@ class _Timer:
         if self.on_call:
             self.on_call()
         return out
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def compile_drafter(draft, backend) -> None:
@@ -77,9 +86,10 @@ def run(target, draft, prompts, max_new: int, name: str, references=None,
         wrapped = draft._compiled_call_impl or draft._call_impl
         draft._compiled_call_impl = _Timer(wrapped, st, on_draft_call)
     outs = []
+    device = next(target.parameters()).device
     try:
-        for k, p in enumerate(prompts):
-            ids = torch.tensor([p])
+        for k, p in enumerate(progress(prompts, desc=name)):
+            ids = torch.tensor([p], device=device)
             kw = dict(assistant_model=draft) if draft is not None else {}
             t0 = time.perf_counter()
             out = target.generate(ids, do_sample=False, max_new_tokens=max_new,

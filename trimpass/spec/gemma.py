@@ -5,7 +5,8 @@ into a cache directory. :func:`load_model` loads it with ``transformers`` (dequa
 The tokenizer ``transformers`` derives from this GGUF splits words into single characters, so
 :class:`GGUFTokenizer` reads the GGUF's own token list and scores and encodes as SentencePiece's
 BPE does (merge the adjacent pair whose union has the highest score, leftmost first; bytes of
-unknown characters fall back to ``<0xXX>`` tokens). :func:`truncated` keeps the first N decoder
+unknown characters fall back to ``<0xXX>`` tokens); :meth:`GGUFTokenizer.chat` wraps a prompt in
+Gemma's turn format, the way chat prompts reach a served model. :func:`truncated` keeps the first N decoder
 layers and the tied head: a self-speculative drafter for the full model.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trimpass.cache import cache_dir
 
 GGUF_NAME = "gemma3-270m-q4_k_m.gguf"
 SPACE = "\u2581"
+START_TURN, END_TURN = 105, 106  # <start_of_turn>, <end_of_turn> in Gemma-3's vocabulary
 
 
 def gguf_path() -> str:
@@ -123,6 +125,12 @@ class GGUFTokenizer:
             else:
                 ids.extend(self.byte_ids[b] for b in s.encode("utf-8"))
         return ids
+
+    def chat(self, prompt: str, max_tokens: int | None = None) -> list[int]:
+        """``prompt`` as one user turn in Gemma's turn format, ready for the model's reply."""
+        body = self.encode(prompt, bos=False)[:max_tokens]
+        return ([self.bos_id, START_TURN] + self.encode("user\n", bos=False) + body
+                + [END_TURN, self.vocab["\n"], START_TURN] + self.encode("model\n", bos=False))
 
     def decode(self, ids) -> str:
         out, pending = [], bytearray()
