@@ -29,10 +29,11 @@ from trimpass.select import corpora, counts, tokenizers
 CORPORA = ("sharegpt", "stdlib", "pydoc")
 
 
-def streams(spec: str, enc, n: int, max_tokens: int):
+def streams(spec: str, enc, n: int, max_tokens: int, held: bool = True):
+    """(context, body) token arrays of ``n`` documents from the held-out split (or the other)."""
     out = []
     for d in corpora.read(spec):
-        if not corpora.held_out(d.doc_id):
+        if corpora.held_out(d.doc_id) != held:
             continue
         ctx = enc.encode_batch([d.prompt])[0][:max_tokens] if d.prompt else np.zeros(0, np.int64)
         body = enc.encode_batch([d.text])[0][:max_tokens]
@@ -102,8 +103,8 @@ def main():
     ap.add_argument("--docs", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--capacity", type=int, default=4096)
-    ap.add_argument("--warm", type=int, default=200, help="held-out requests served before "
-                    "scoring, unscored (they teach the learned core)")
+    ap.add_argument("--warm", type=int, default=200, help="requests served before scoring, "
+                    "unscored, from the counting split (they teach the learned core)")
     ap.add_argument("--count-docs", type=int, help="cap the documents counted for static lists "
                     "(a slow tokenizer: gemma3's is pure Python)")
     ap.add_argument("--observe", action="store_true", help="also feed the real Gemma-3-270M's "
@@ -119,8 +120,8 @@ def main():
     for spec in CORPORA:
         c = counts.count(enc, f"{spec}:{a.count_docs}" if a.count_docs else spec)
         rank = counts.ranking(c.train)
-        docs = streams(spec, enc, a.docs + a.warm, a.max_tokens)
-        warm, docs = docs[a.docs:], docs[:a.docs]
+        docs = streams(spec, enc, a.docs, a.max_tokens)
+        warm = streams(spec, enc, a.warm, a.max_tokens, held=False)  # traffic seen earlier
         scored = np.concatenate([b for _, b in docs])
         held = np.bincount(scored, minlength=V)
         static = {K: float(counts.coverage_curve(rank[:K], held)[-1])
@@ -141,7 +142,7 @@ def main():
             dyn[name] = dynamic(docs, V, a.capacity, **kw)
         res[spec] = dict(static=static, dynamic=dyn, steps=int(len(scored)))
         print(f"\n{spec} ({a.tokenizer}, {len(docs)} held-out docs, {len(scored):,} scored steps; "
-              f"learned cores warmed on {len(warm)} other held-out docs unless cold)")
+              f"learned cores warmed on {len(warm)} earlier requests unless cold)")
         print("| set | coverage | mean active ids |\n|---|---|---|")
         for K, cov in static.items():
             print(f"| static top-{K // 1000}k | {cov:.3f} | {K:,} |")

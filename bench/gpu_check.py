@@ -99,23 +99,28 @@ def head_section() -> list[dict]:
 
 
 def state_section() -> list[dict]:
-    """Cost of one admission step of the dynamic vocabulary's state (no host sync allowed)."""
+    """Cost of one step's state update (admit, then the learned core's count), no host sync."""
     from trimpass.config import TrimConfig
     from trimpass.state import ActiveState
     V = 128_256 if DEVICE == "cuda" else 1_031
+    cap, learn = (4096, 1024) if DEVICE == "cuda" else (64, 16)
     rows = []
     for B, S in ((1, 1), (1, 8), (8, 1)):
-        st = ActiveState(TrimConfig(capacity=4096 if DEVICE == "cuda" else 64))
+        st = ActiveState(TrimConfig(capacity=cap, learn_core=learn))
         b = st.buffers(B, V, DEVICE)
         ids = torch.randint(0, V, (B, S), device=DEVICE)
         args = [b[k] for k in ("slot", "idx", "stamp", "count", "clock")]
+
+        def step():
+            torch.ops.trimpass.admit(*args, ids, None, b["n_core"], st.learned)
+            torch.ops.trimpass.learn(st.freq, st.learned, ids, 1 << 30, st.serial)
         if DEVICE == "cuda":
-            torch.cuda.set_sync_debug_mode("error")  # any host sync in admit raises
-        ms = bench_ms(lambda: torch.ops.trimpass.admit(*args, ids, None, 0))
+            torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
+        ms = bench_ms(step)
         if DEVICE == "cuda":
             torch.cuda.set_sync_debug_mode("default")
         rows.append(dict(section="state", B=B, S=S, V=V, us=ms * 1e3))
-    print("\n## dynamic-vocabulary state update (admit), no host sync")
+    print(f"\n## dynamic-vocabulary state update (admit + learn), no host sync, capacity {cap}")
     print("| B | ids per row | us per step |")
     print("|---|---|---|")
     for r in rows:
@@ -143,7 +148,8 @@ def e2e_section() -> list[dict]:
                 fn = torch.compile(model, backend=inner, mode=mode) if mode else \
                     torch.compile(model, backend=inner)
             else:
-                be = trimpass.backend(capacity=4096 if DEVICE == "cuda" else 64, refresh_every=0,
+                be = trimpass.backend(capacity=4096 if DEVICE == "cuda" else 64,
+                                      learn_core=1024 if DEVICE == "cuda" else 16,
                                       inner=inner, mode=mode)
                 fn = torch.compile(model, backend=be)
                 fn(torch.randint(0, V, (1, 512 if DEVICE == "cuda" else 16), device=DEVICE),

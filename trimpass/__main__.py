@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--new-tokens", type=int, default=32, help="tokens per prompt")
     d.add_argument("--prompt-tokens", type=int, default=96, help="prompt length cap")
     d.add_argument("--layers", type=int, default=2, help="drafter's decoder layers")
+    d.add_argument("--gamma", type=int, default=4,
+                   help="tokens drafted per verification, fixed so MAT compares like with like "
+                   "(0: HF's dynamic schedule, whose confidence stop reacts to the trimmed "
+                   "drafter's sharper probabilities; default: %(default)s)")
     d.add_argument("--inner", default="aot_eager", help="inner compiler for both drafters")
     d.add_argument("--device", help="cuda or cpu (default: cuda when a GPU is present)")
     d.add_argument("--out", default="out", help="folder for demo.png")

@@ -52,21 +52,34 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return out
 
 
-def _admit_ms(draft, reps: int = 200) -> float:
-    """Median ms of one state update (one new id) on a copy of ``draft``'s batch-1 state."""
+def _state_ms(draft, reps: int = 200) -> float:
+    """Median ms of one step's state update (admit one new id, count it for the learned core, and
+    the learned core's re-ranking amortized over its period), on a copy of the batch-1 state."""
     import time
-    b = trimpass._state(draft, "demo").rows[1]
+
+    from trimpass.graph.dynamic import LEARN_EVERY
+    st = trimpass._state(draft, "demo")
+    b = st.rows[1]
     bufs = [b[k].clone() for k in ("slot", "idx", "stamp", "count", "clock")]
-    V = bufs[0].shape[1] - 1
-    ids = torch.randint(0, V, (reps, 1, 1), device=bufs[0].device)
-    ts = []
-    for i in range(reps):
-        _sync(ids)
-        t0 = time.perf_counter()
-        torch.ops.trimpass.admit(*bufs, ids[i], None, b["n_core"])
-        _sync(ids)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    freq, learned = st.freq.clone(), st.learned.clone()
+    ids = torch.randint(0, bufs[0].shape[1] - 1, (reps, 1, 1), device=freq.device)
+
+    def timed(fn) -> float:
+        ts = []
+        for i in range(reps):
+            _sync(ids)
+            t0 = time.perf_counter()
+            fn(i)
+            _sync(ids)
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts) * 1e3
+
+    def step(i):
+        torch.ops.trimpass.admit(*bufs, ids[i], None, b["n_core"], learned)
+        torch.ops.trimpass.learn(freq, learned, ids[i], 1 << 30, -1)  # counting only
+    rank = timed(lambda i: learned.copy_(freq.topk(learned.numel()).indices)) \
+        if learned.numel() else 0.0
+    return timed(step) + rank / LEARN_EVERY
 
 
 def _sync(t: torch.Tensor) -> None:
@@ -79,17 +92,20 @@ def _plot(rows, path: str, model_name: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    rows = sorted(rows, key=lambda r: r["active"])
     xs = [r["active"] for r in rows]
     ax.plot(xs, [r["draft_ms"] for r in rows], "o-", color="tab:blue", label="draft ms / call")
     ax.set_xscale("log")
+    ax.set_ylim(0, 1.15 * max(r["draft_ms"] for r in rows))
     ax.set_xlabel("active vocabulary size (ids the head reads per step)")
     ax.set_ylabel("draft ms per call", color="tab:blue")
     ax2 = ax.twinx()
     ax2.plot(xs, [r["mat"] for r in rows], "s--", color="tab:red", label="MAT")
+    ax2.set_ylim(0, 1.25 * max(r["mat"] for r in rows))
     ax2.set_ylabel("mean accepted tokens per verification", color="tab:red")
-    for r in rows:
-        ax.annotate(r["name"], (r["active"], r["draft_ms"]), fontsize=7, xytext=(3, 4),
-                    textcoords="offset points")
+    for k, r in enumerate(rows):
+        ax.annotate(r["name"], (r["active"], r["draft_ms"]), fontsize=7,
+                    xytext=(4, 6 if k % 2 else -12), textcoords="offset points")
     ax.set_title(f"{model_name}: draft cost and acceptance", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
@@ -107,7 +123,8 @@ def main(args) -> int:
     prompts = _prompts(tok, args.prompts, args.prompt_tokens, V)
     print(f"model: {name}; drafter: first {args.layers} layers + tied head (V={V:,}); "
           f"{len(prompts)} ShareGPT prompts (Gemma turn format) x {args.new_tokens} new tokens; "
-          f"inner compiler {args.inner}; device {device}, float32")
+          f"inner compiler {args.inner}; device {device}, float32; draft length "
+          f"{args.gamma or 'dynamic (HF schedule)'}")
     target_st, refs = assisted.run(model, None, prompts, args.new_tokens, "target alone")
     variants = [("untrimmed", None), ("trimmed, zero-config", {}),
                 ("trimmed, context only", dict(learn_core=0))]
@@ -115,6 +132,10 @@ def main(args) -> int:
     for label, cfg in variants:
         torch._dynamo.reset()
         draft = G.truncated(model, args.layers)
+        if args.gamma:
+            g = draft.generation_config
+            g.num_assistant_tokens, g.num_assistant_tokens_schedule = args.gamma, "constant"
+            g.assistant_confidence_threshold = 0.0
         if cfg is None:
             assisted.compile_drafter(draft, args.inner)
             track = None
@@ -126,7 +147,7 @@ def main(args) -> int:
         st, _ = assisted.run(model, draft, prompts, args.new_tokens, label, refs,
                              on_draft_call=track)
         active = statistics.mean(act) if cfg is not None and act else V
-        state = _admit_ms(draft) / st.draft_ms if cfg is not None else None
+        state = _state_ms(draft) / st.draft_ms if cfg is not None else None
         rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
                          tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state))
     base = rows[0]

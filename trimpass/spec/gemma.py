@@ -64,6 +64,7 @@ def truncated(model, layers: int):
         setattr(draft, name, type(getattr(model, name))())  # hooks on the model stay its own
     draft.model = inner
     draft.config = config
+    draft.generation_config = copy.deepcopy(model.generation_config)  # the assistant's own
     return draft
 
 
