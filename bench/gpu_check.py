@@ -109,11 +109,10 @@ def state_section() -> list[dict]:
         st = ActiveState(TrimConfig(capacity=cap, learn_core=learn))
         b = st.buffers(B, V, DEVICE)
         ids = torch.randint(0, V, (B, S), device=DEVICE)
-        args = [b[k] for k in ("slot", "idx", "stamp", "count", "clock")]
 
-        def step():
-            torch.ops.trimpass.admit(*args, ids, None, b["n_core"], st.learned)
-            torch.ops.trimpass.learn(st.freq, st.learned, ids, 1 << 30, st.serial)
+        def step():  # the two ops the pass inserts at each token lookup
+            torch.ops.trimpass.admit(*st.args(b), ids, None, b["n_core"], st.learned, st.serial)
+            torch.ops.trimpass.learn(st.learned, ids, 1 << 30, st.serial)
         if DEVICE == "cuda":
             torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
         ms = bench_ms(step)

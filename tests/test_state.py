@@ -59,8 +59,8 @@ def test_reset_on_position_zero_and_explicit():
     st, b = _state(cap=8, B=2, keep=[5])
     st.admit(torch.tensor([[1, 2], [3, 4]]))
     pos = torch.tensor([[0, 1], [7, 8]])  # row 0 starts a new request, row 1 continues
-    torch.ops.trimpass.admit(b["slot"], b["idx"], b["stamp"], b["count"], b["clock"],
-                             torch.tensor([[9, 9], [6, 6]]), pos, b["n_core"])
+    torch.ops.trimpass.admit(*st.args(b), torch.tensor([[9, 9], [6, 6]]), pos, b["n_core"], None,
+                             st.serial)
     assert _active(b, 0) == {5, 9} and _active(b, 1) == {5, 3, 4, 6}
     st.reset()
     assert _active(b, 0) == {5} and _active(b, 1) == {5}
@@ -88,15 +88,14 @@ def test_learned_core_is_the_most_frequent_earlier_input_and_fills_fresh_rows_on
     pos0, pos5 = torch.zeros(2, 1, dtype=torch.long), torch.full((2, 1), 5)
     for ids in ([[4, 4, 9], [4, 11, 11]], [[9, 30, 4], [11, 2, 7]]):
         ids = torch.tensor(ids)
-        torch.ops.trimpass.admit(*(b[k] for k in ("slot", "idx", "stamp", "count", "clock")),
-                                 ids, pos5, b["n_core"], st.learned)
-        torch.ops.trimpass.learn(st.freq, st.learned, ids, 1, st.serial)
+        torch.ops.trimpass.admit(*st.args(b), ids, pos5, b["n_core"], st.learned, st.serial)
+        torch.ops.trimpass.learn(st.learned, ids, 1, st.serial)
     # counts: 4 x4, 11 x3, 9 x2 (7 is kept: never learned)
     assert set(st.learned.tolist()) == {4, 11}
     core_before = b["idx"][:, :3].clone()
     fresh = torch.tensor([[0], [5]])  # row 0 starts a new request, row 1 goes on
-    torch.ops.trimpass.admit(*(b[k] for k in ("slot", "idx", "stamp", "count", "clock")),
-                             torch.tensor([[30], [2]]), fresh, b["n_core"], st.learned)
+    torch.ops.trimpass.admit(*st.args(b), torch.tensor([[30], [2]]), fresh, b["n_core"],
+                             st.learned, st.serial)
     assert _active(b, 0) == {7, 4, 11, 30}
     assert torch.equal(b["idx"][1, :3], core_before[1])
     _consistent(b, 50)
@@ -107,7 +106,7 @@ def test_learned_core_ranks_on_schedule_and_on_reset():
     every = 3
     for k in range(1, every + 1):
         before = st.learned.clone()
-        torch.ops.trimpass.learn(st.freq, st.learned, torch.tensor([[42]]), every, st.serial)
+        torch.ops.trimpass.learn(st.learned, torch.tensor([[42]]), every, st.serial)
         assert int(st.learned[0]) == 42 if k == every else torch.equal(st.learned, before)
     st.freq[13] = 100.0
     st.reset()
@@ -118,10 +117,9 @@ def test_learned_core_ranks_on_schedule_and_on_reset():
 def test_admit_compiles_fullgraph_without_host_sync(kernel):
     from trimpass import ops
     st, b = _state(cap=16, B=2)
-    bufs = [b[k] for k in ("slot", "idx", "stamp", "count", "clock")]
 
     def step(ids, pos):
-        torch.ops.trimpass.admit(*bufs, ids, pos, 0)
+        torch.ops.trimpass.admit(*st.args(b), ids, pos, 0, None, st.serial)
         return b["count"] + 0
 
     compiled = torch.compile(step, backend="inductor", fullgraph=True)
@@ -131,8 +129,7 @@ def test_admit_compiles_fullgraph_without_host_sync(kernel):
         pos = torch.full((2, 1), t)
         with ops.use_kernel(kernel):
             compiled(ids, pos)
-        torch.ops.trimpass.admit(*[eb[k] for k in ("slot", "idx", "stamp", "count", "clock")],
-                                 ids, pos, 0)
+        torch.ops.trimpass.admit(*eager_st.args(eb), ids, pos, 0, None, eager_st.serial)
     for k in ("slot", "idx", "count"):  # the last column of slot/idx is scratch
         a, e = (b[k], eb[k]) if k == "count" else (b[k][:, :-1], eb[k][:, :-1])
         assert torch.equal(a, e), f"compiled admission differs from eager on {k}"

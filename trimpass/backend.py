@@ -86,7 +86,9 @@ def _current_drafter():
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         tx = InstructionTranslator.current_tx()
-        owner = tx.f_locals.get("self") if tx is not None else None
+        code = tx.f_code if tx is not None else None
+        first = code.co_varnames[0] if code is not None and code.co_argcount else "self"
+        owner = tx.f_locals.get(first) if tx is not None else None  # the method's receiver
     except Exception:  # noqa: BLE001 - internals moved: fall back to one shared backend
         owner = None
     return owner if isinstance(owner, torch.nn.Module) else None

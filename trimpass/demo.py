@@ -58,11 +58,12 @@ def _state_ms(draft, reps: int = 200) -> float:
     import time
 
     from trimpass.graph.dynamic import LEARN_EVERY
+    from trimpass.state import admit_, learn_
     st = trimpass._state(draft, "demo")
     b = st.rows[1]
     bufs = [b[k].clone() for k in ("slot", "idx", "stamp", "count", "clock")]
     freq, learned = st.freq.clone(), st.learned.clone()
-    ids = torch.randint(0, bufs[0].shape[1] - 1, (reps, 1, 1), device=freq.device)
+    ids = torch.randint(0, freq.numel(), (reps, 1, 1), device=freq.device)
 
     def timed(fn) -> float:
         ts = []
@@ -74,9 +75,9 @@ def _state_ms(draft, reps: int = 200) -> float:
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts) * 1e3
 
-    def step(i):
-        torch.ops.trimpass.admit(*bufs, ids[i], None, b["n_core"], learned)
-        torch.ops.trimpass.learn(freq, learned, ids[i], 1 << 30, -1)  # counting only
+    def step(i):  # what the graph's admit and learn ops run, on copies of the state
+        admit_(*bufs, ids[i], None, b["n_core"], learned)
+        learn_(freq, learned, ids[i], 1 << 30, -1)  # counting only
     rank = timed(lambda i: learned.copy_(freq.topk(learned.numel()).indices)) \
         if learned.numel() else 0.0
     return timed(step) + rank / LEARN_EVERY

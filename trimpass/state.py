@@ -26,14 +26,28 @@ draft quality, never correctness.
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import torch
 
 from trimpass.kernels import vocab_state
 
 _lib = torch.library.Library("trimpass", "FRAGMENT")
-_lib.define("admit(Tensor(a!) slot, Tensor(b!) idx, Tensor(c!) stamp, Tensor(d!) count, "
-            "Tensor(e!) clock, Tensor ids, Tensor? pos, int n_core, Tensor? learned=None) -> ()")
+# The V-sized tensors (the slot map, the learned core's counts) are private to the ops that update
+# them: no graph op reads them, so they are found by the state's serial rather than passed in.
+# Passed in, functionalization would clone and copy back 1 MB each per step (measured on CPU with
+# aot_eager: +1.7 ms a step, more than the 2-layer Gemma drafter's trimmed head and state together).
+_lib.define("admit(Tensor(a!) idx, Tensor(b!) stamp, Tensor(c!) count, Tensor(d!) clock, "
+            "Tensor ids, Tensor? pos, int n_core, Tensor? learned, int state) -> ()")
+_states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _owner(state: int) -> "ActiveState":
+    try:
+        return _states[state]
+    except KeyError:
+        raise RuntimeError("trimpass: this graph's dynamic-vocabulary state is gone (its backend "
+                           "was freed); recompile the drafter") from None
 
 
 def _use_kernel(t: torch.Tensor) -> bool:
@@ -54,9 +68,10 @@ def admit_(slot, idx, stamp, count, clock, ids, pos, n_core: int, learned=None) 
     else:
         torch._assert_async(((ids >= 0) & (ids < V)).all(), "trimpass: token id out of range")
     ids = ids.clamp(0, V - 1)
-    if pos is not None:
-        fresh = pos.reshape(B, -1)[:, :1] == 0  # [B, 1]: a new request starts on this row
-        slot.masked_fill_(fresh, -1)
+    fresh = None if pos is None else pos.reshape(B, -1)[:, :1] == 0  # [B, 1]: a new request
+    if fresh is not None and (not fresh.is_cpu or bool(fresh.any())):  # on CPU, skip for free
+        live = torch.arange(cap + 1, device=idx.device) < count.long()[:, None]
+        slot.scatter_(1, torch.where(fresh & live, idx, V), -1)  # O(cap) per row, not O(V)
         if learned is not None and learned.numel():
             lo = n_core - learned.numel()
             idx[:, lo:n_core] = torch.where(fresh, learned.expand(B, -1), idx[:, lo:n_core])
@@ -71,21 +86,25 @@ def admit_(slot, idx, stamp, count, clock, ids, pos, n_core: int, learned=None) 
         vocab_state.admit_reference(slot, idx, stamp, count, clock, ids, n_core)
 
 
-_lib.define("refresh(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) slot, Tensor(b!) idx, "
-            "Tensor(c!) stamp, Tensor(d!) count, Tensor(e!) clock, int n_core, int every, "
-            "int topk, int state_id) -> ()")
+_lib.define("refresh(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) idx, Tensor(b!) stamp, "
+            "Tensor(c!) count, Tensor(d!) clock, int n_core, int every, int topk, int state) -> ()")
 # Host-side step counters, keyed by a state id baked into the graph: compiled graphs hand the op
 # functionalized copies of the buffers, so no tensor address identifies a state.
 _steps: dict[tuple, int] = {}
 _serials = itertools.count(1)
 
 
-def refresh_(x, weight, bias, slot, idx, stamp, count, clock, n_core: int, every: int,
-             topk: int, state_id: int) -> None:
+def admit_op(idx, stamp, count, clock, ids, pos, n_core: int, learned, state: int) -> None:
+    admit_(_owner(state).rows[idx.shape[0]]["slot"], idx, stamp, count, clock, ids, pos, n_core,
+           learned)
+
+
+def refresh_(x, weight, bias, idx, stamp, count, clock, n_core: int, every: int, topk: int,
+             state: int) -> None:
     """Every ``every``-th call, compute the full head for each row's last position and admit its
     top ``topk`` ids. The schedule is counted on the host (no device read); inside a CUDA-graph
     capture it is skipped, so captured graphs never refresh."""
-    key = (state_id, idx.shape[0])
+    key = (state, idx.shape[0])
     step = _steps.get(key, 0)
     _steps[key] = step + 1
     if every <= 0 or step % every or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
@@ -93,10 +112,14 @@ def refresh_(x, weight, bias, slot, idx, stamp, count, clock, n_core: int, every
     B = idx.shape[0]
     last = x.reshape(B, -1, x.shape[-1])[:, -1]
     top = torch.nn.functional.linear(last, weight, bias).topk(topk, dim=-1).indices
-    admit_(slot, idx, stamp, count, clock, top, None, n_core)
+    admit_op(idx, stamp, count, clock, top, None, n_core, None, state)
 
 
-_lib.define("learn(Tensor(a!) freq, Tensor(b!) learned, Tensor ids, int every, int state_id) -> ()")
+_lib.define("learn(Tensor(a!) learned, Tensor ids, int every, int state) -> ()")
+
+
+def learn_op(learned, ids, every: int, state: int) -> None:
+    learn_(_owner(state).freq, learned, ids, every, state)
 
 
 def learn_(freq, learned, ids, every: int, state_id: int) -> None:
@@ -116,7 +139,7 @@ def _noop_fake(*args):
     return None
 
 
-for _name, _impl in (("admit", admit_), ("refresh", refresh_), ("learn", learn_)):
+for _name, _impl in (("admit", admit_op), ("refresh", refresh_), ("learn", learn_op)):
     _lib.impl(_name, _impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"trimpass::{_name}", _noop_fake, lib=_lib)
 
@@ -126,7 +149,8 @@ class ActiveState:
 
     def __init__(self, config):
         self.config = config
-        self.serial = next(_serials)  # keys the host-side schedules; id() is reused after GC
+        self.serial = next(_serials)  # names it in graphs and schedules; id() is reused after GC
+        _states[self.serial] = self
         self.rows: dict[int, dict[str, torch.Tensor]] = {}
         self.V = None
         self.freq = self.learned = None  # drafter-wide: shared by every batch size
@@ -178,8 +202,13 @@ class ActiveState:
         if b is None:
             raise ValueError(f"ids: no state for batch size {ids.shape[0]} yet; run the compiled "
                              f"drafter on such a batch first (have: {sorted(self.rows)})")
-        torch.ops.trimpass.admit(b["slot"], b["idx"], b["stamp"], b["count"], b["clock"],
-                                 ids.to(b["idx"].device), None, b["n_core"])
+        torch.ops.trimpass.admit(*self.args(b), ids.to(b["idx"].device), None, b["n_core"], None,
+                                 self.serial)
+
+    @staticmethod
+    def args(b: dict) -> tuple:
+        """The buffers the ops take, in order (the slot map is found by the state's serial)."""
+        return b["idx"], b["stamp"], b["count"], b["clock"]
 
     def observe(self, target: torch.Tensor, k: int = 3) -> None:
         ids = target.topk(k, dim=-1).indices if target.is_floating_point() else target
@@ -192,10 +221,9 @@ class ActiveState:
             self.learned.copy_(self.freq.topk(self.learned.numel()).indices)
         for b in self.rows.values():
             B = b["count"].shape[0]
-            torch.ops.trimpass.admit(b["slot"], b["idx"], b["stamp"], b["count"], b["clock"],
-                                     b["idx"][:, :0], torch.zeros(B, 1, dtype=torch.long,
-                                                                  device=b["idx"].device),
-                                     b["n_core"], self.learned)
+            torch.ops.trimpass.admit(*self.args(b), b["idx"][:, :0],
+                                     torch.zeros(B, 1, dtype=torch.long, device=b["idx"].device),
+                                     b["n_core"], self.learned, self.serial)
 
     def stats(self) -> dict:
         out = {"capacity": self.config.capacity, "vocab_size": self.V}

@@ -16,7 +16,7 @@ import torch.fx as fx
 from trimpass.graph.match import Match, value
 
 POSITION = re.compile(r"(cache_position|position_ids|input_pos|positions?)", re.IGNORECASE)
-_BUFFERS = ("slot", "idx", "stamp", "count", "clock")
+_BUFFERS = ("idx", "stamp", "count", "clock")
 LEARN_EVERY = 32  # calls between re-rankings of the learned core: a top-k over V each time
 
 
@@ -60,7 +60,7 @@ class DynamicIndex:
         B = self._batch(m)
         buf = self.state.buffers(B, m.vocab_size, device)
         got = {}
-        shared = dict(freq=self.state.freq, learned=self.state.learned)
+        shared = dict(learned=self.state.learned)
         with graph.inserting_before(before):
             for name, t in [(n, buf[n]) for n in _BUFFERS] + list(shared.items()):
                 gm.register_buffer(f"_trimpass_{name}", t)
@@ -72,12 +72,12 @@ class DynamicIndex:
             if isinstance(v, torch.Tensor) and v.dim() >= 2 and int(v.shape[0]) != B:
                 continue  # another batch size than the head's: not this state's rows
             with graph.inserting_before(lookup):
-                graph.call_function(torch.ops.trimpass.admit.default,
-                                    tuple(got[n] for n in _BUFFERS) + (ids, pos, buf["n_core"],
-                                                                       got["learned"]))
+                graph.call_function(torch.ops.trimpass.admit.default, tuple(
+                    got[n] for n in _BUFFERS) + (ids, pos, buf["n_core"], got["learned"],
+                                                 self.state.serial))
                 if learning:
                     graph.call_function(torch.ops.trimpass.learn.default, (
-                        got["freq"], got["learned"], ids, LEARN_EVERY, self.state.serial))
+                        got["learned"], ids, LEARN_EVERY, self.state.serial))
         self.note = (f"dynamic vocabulary: batch {B}, capacity {self.state.config.capacity}, "
                      f"learned core {self.state.learned.numel()}, "
                      f"admits at {len(m.embeddings)} token lookup(s); " +
