@@ -97,6 +97,28 @@ def dynamic(docs, V: int, capacity: int, core=None, learn: int = 0, tops=None, w
     return hits / steps, sizes / steps
 
 
+def plot(res: dict, tokenizer: str, path: str) -> None:
+    """Coverage against mean active size, one panel per corpus (``res`` as in the JSON)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(res), figsize=(4 * len(res), 4.6), dpi=110, sharey=True)
+    for ax, (spec, r) in zip(np.atleast_1d(axes), res.items()):
+        ks = sorted(r["static"], key=int)  # int keys, or str keys read back from the JSON
+        ax.plot([int(k) for k in ks], [r["static"][k] for k in ks], "o-", label="static top-K")
+        for name, (cov, size) in r["dynamic"].items():
+            ax.scatter([size], [cov], marker="*", s=120, label=name)
+        ax.set_xscale("log")
+        ax.set_title(spec)
+        ax.set_xlabel("active ids (mean)")
+    np.atleast_1d(axes)[0].set_ylabel("next-token coverage")
+    handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7)
+    fig.suptitle(f"teacher-forced coverage, {tokenizer}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    fig.savefig(path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", default="qwen2.5")
@@ -152,23 +174,7 @@ def main():
     base = os.path.join(a.out, f"dynamic_coverage_{a.tokenizer}")
     with open(base + ".json", "w") as f:
         json.dump(res, f, indent=1)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(res), figsize=(4 * len(res), 3.6), dpi=110, sharey=True)
-    for ax, (spec, r) in zip(np.atleast_1d(axes), res.items()):
-        ks = list(r["static"])
-        ax.plot(ks, [r["static"][k] for k in ks], "o-", label="static top-K")
-        for name, (cov, size) in r["dynamic"].items():
-            ax.scatter([size], [cov], marker="*", s=120, label=name)
-        ax.set_xscale("log")
-        ax.set_title(spec)
-        ax.set_xlabel("active ids (mean)")
-    np.atleast_1d(axes)[0].set_ylabel("next-token coverage")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
-    fig.suptitle(f"teacher-forced coverage, {a.tokenizer}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(base + ".png")
+    plot(res, a.tokenizer, base + ".png")
     print(f"\nwrote {base}.png and {base}.json")
 
 

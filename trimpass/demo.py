@@ -52,11 +52,22 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return out
 
 
+def _median_ms(fn, reps: int, on: torch.Tensor) -> float:
+    """Median wall ms of ``fn(i)`` over ``reps`` calls, synchronizing ``on``'s device."""
+    import time
+    ts = []
+    for i in range(reps):
+        _sync(on)
+        t0 = time.perf_counter()
+        fn(i)
+        _sync(on)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
 def _state_ms(draft, reps: int = 200) -> float:
     """Median ms of one step's state update (admit one new id, count it for the learned core, and
     the learned core's re-ranking amortized over its period), on a copy of the batch-1 state."""
-    import time
-
     from trimpass.graph.dynamic import LEARN_EVERY
     from trimpass.state import admit_, learn_
     st = trimpass._state(draft, "demo")
@@ -65,22 +76,19 @@ def _state_ms(draft, reps: int = 200) -> float:
     freq, learned = st.freq.clone(), st.learned.clone()
     ids = torch.randint(0, freq.numel(), (reps, 1, 1), device=freq.device)
 
-    def timed(fn) -> float:
-        ts = []
-        for i in range(reps):
-            _sync(ids)
-            t0 = time.perf_counter()
-            fn(i)
-            _sync(ids)
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) * 1e3
-
     def step(i):  # what the graph's admit and learn ops run, on copies of the state
         admit_(*bufs, ids[i], None, b["n_core"], learned)
         learn_(freq, learned, ids[i], 1 << 30, -1)  # counting only
-    rank = timed(lambda i: learned.copy_(freq.topk(learned.numel()).indices)) \
+    rank = _median_ms(lambda i: learned.copy_(freq.topk(learned.numel()).indices), reps, ids) \
         if learned.numel() else 0.0
-    return timed(step) + rank / LEARN_EVERY
+    return _median_ms(step, reps, ids) + rank / LEARN_EVERY
+
+
+def _head_ms(model, reps: int = 20) -> float:
+    """Median ms of the full LM head on one position, as the untrimmed drafter computes it."""
+    w = model.get_output_embeddings().weight
+    x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
+    return _median_ms(lambda i: torch.nn.functional.linear(x, w), reps, x)
 
 
 def _sync(t: torch.Tensor) -> None:
@@ -166,5 +174,8 @@ def main(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "demo.png")
     _plot(rows, png, name.split(" (")[0])
-    print(f"\nmodel that ran: {name}\nplot: {png}")
+    head = _head_ms(model)
+    print(f"\nLM head alone (x[1, d] @ W[V, d]^T, median): {head:.2f} ms = "
+          f"{100 * head / base['draft_ms']:.0f}% of the untrimmed draft call")
+    print(f"model that ran: {name}\nplot: {png}")
     return 0 if all(r["lossless"] for r in rows) else 1
