@@ -69,12 +69,12 @@ def target_top3(docs, k: int = 3):
     return out
 
 
-def dynamic(docs, V: int, capacity: int, core=None, learn: int = 0, tops=None, warm=()):
+def dynamic(docs, V: int, capacity: int, core=None, tops=None, warm=(), **config):
     """(coverage, mean active size) of one fresh drafter over ``docs``, after it has served the
-    ``warm`` requests (each as one call: they only teach the learned core)."""
+    ``warm`` requests (each as one call: they teach the learned core and the successors)."""
     torch._dynamo.reset()
     draft = Probe(V).eval()
-    be = trimpass.backend(capacity=capacity, inner="eager", learn_core=learn,
+    be = trimpass.backend(capacity=capacity, inner="eager", **config,
                           core=None if core is None else torch.from_numpy(core))
     step = torch.compile(draft, backend=be, fullgraph=True, dynamic=True)
     for ctx, body in warm:
@@ -148,17 +148,18 @@ def main():
         held = np.bincount(scored, minlength=V)
         static = {K: float(counts.coverage_curve(rank[:K], held)[-1])
                   for K in (1000, 3000, 8000, 16000, 32000, 64000) if K <= V}
-        variants = {"context": {}, "context+core1k": dict(core=rank[:1000]),
-                    "context+core2k": dict(core=rank[:2000]),
-                    "zero-config: context+learned1k (cold)": dict(learn=1024),
-                    "zero-config: context+learned1k": dict(learn=1024, warm=warm),
-                    "context+learned2k": dict(learn=2048, warm=warm),
-                    "context+learned2.5k": dict(learn=2560, warm=warm)}
+        off = dict(learn_core=0, successors=0)
+        variants = {"context": off, "context+core1k": dict(off, core=rank[:1000]),
+                    "context+core2k": dict(off, core=rank[:2000]),
+                    "context+learned1k": dict(successors=0, warm=warm),
+                    "zero-config: context+learned1k+successors4 (cold)": {},
+                    "zero-config: context+learned1k+successors4": dict(warm=warm),
+                    "context+learned2k+successors4": dict(learn_core=2048, warm=warm),
+                    "context+learned2.5k+successors4": dict(learn_core=2560, warm=warm)}
         if a.observe:
             tops = target_top3(docs)
-            variants.update({"context+observe3": dict(tops=tops),
-                             "context+learned1k+observe3": dict(learn=1024, warm=warm, tops=tops),
-                             "context+learned2k+observe3": dict(learn=2048, warm=warm, tops=tops)})
+            variants.update({"context+observe3": dict(off, tops=tops),
+                             "zero-config+observe3": dict(warm=warm, tops=tops)})
         dyn = {}
         for name, kw in progress(list(variants.items()), desc=spec):
             dyn[name] = dynamic(docs, V, a.capacity, **kw)

@@ -99,7 +99,8 @@ def head_section() -> list[dict]:
 
 
 def state_section() -> list[dict]:
-    """Cost of one step's state update (admit, then the learned core's count), no host sync."""
+    """Cost of one step's state update (admit with successors, then the learned core's count),
+    no host sync."""
     from trimpass.config import TrimConfig
     from trimpass.state import ActiveState
     V = 128_256 if DEVICE == "cuda" else 1_031
@@ -111,7 +112,8 @@ def state_section() -> list[dict]:
         ids = torch.randint(0, V, (B, S), device=DEVICE)
 
         def step():  # the two ops the pass inserts at each token lookup
-            torch.ops.trimpass.admit(*st.args(b), ids, None, b["n_core"], st.learned, st.serial)
+            torch.ops.trimpass.admit(*st.args(b), ids, None, b["n_core"], st.learned, st.serial,
+                                     st.config.successors)
             torch.ops.trimpass.learn(st.learned, ids, 1 << 30, st.serial)
         if DEVICE == "cuda":
             torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
@@ -119,7 +121,8 @@ def state_section() -> list[dict]:
         if DEVICE == "cuda":
             torch.cuda.set_sync_debug_mode("default")
         rows.append(dict(section="state", B=B, S=S, V=V, us=ms * 1e3))
-    print(f"\n## dynamic-vocabulary state update (admit + learn), no host sync, capacity {cap}")
+    print(f"\n## dynamic-vocabulary state update (admit with successors + learn), no host sync, "
+          f"capacity {cap}")
     print("| B | ids per row | us per step |")
     print("|---|---|---|")
     for r in rows:

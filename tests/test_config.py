@@ -20,6 +20,7 @@ from tests.graph.test_pass import TiedLM, V
     (dict(core=list(range(10)), capacity=8, learn_core=0), "capacity: 8 leaves no room"),
     (dict(capacity=1000), "capacity: 1000 leaves no room .* lower learn_core"),
     (dict(learn_core=-1), "learn_core: must be an int >= 0"),
+    (dict(successors=17), "successors: must be an int in \\[0, 16\\]"),
     (dict(capacity=0), "capacity: must be a positive int"),
     (dict(vocab=[1], not_a_setting=1), "unexpected keyword argument 'not_a_setting'"),
 ])

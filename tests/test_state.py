@@ -139,3 +139,18 @@ def test_learned_core_starts_from_the_lowest_ids_outside_the_fixed_core():
     st, b = _state(cap=16, V=50, B=1, keep=[1], core=[0, 3], learn=4)
     assert sorted(st.learned.tolist()) == [2, 4, 5, 6]
     assert _active(b) == {0, 1, 2, 3, 4, 5, 6}
+
+
+def test_successors_remember_what_followed_each_id_across_calls_and_requests():
+    st = ActiveState(TrimConfig(capacity=16, learn_core=0, successors=2))
+    b = st.buffers(2, 50, "cpu")
+    got = st.follow(torch.tensor([[3, 4, 3, 5], [8, 9, 9, 9]]), torch.zeros(2, 1, dtype=torch.long))
+    # row 0 saw 3->4, 4->3, 3->5; row 1 saw 8->9, 9->9 (duplicate pairs in one call collapse)
+    assert set(st.succ[3].tolist()) == {4, 5} and st.succ[4].tolist()[0] == 3
+    assert st.succ[8].tolist()[0] == 9 and 9 in st.succ[9].tolist()
+    assert got.shape == (2, 8) and {4, 5} <= set(got[0].tolist())
+    got = st.follow(torch.tensor([[7], [8]]), torch.full((2, 1), 4))  # the pair 5->7 spans calls
+    assert st.succ[5].tolist()[0] == 7 and set(got[1].tolist()) == {9, 8}
+    st.follow(torch.tensor([[6], [6]]), torch.zeros(2, 1, dtype=torch.long))  # new requests
+    assert int((st.succ[7] == 6).sum()) == 0 and int((st.succ[8] == 6).sum()) == 0
+    assert b["last"].tolist() == [6, 6]

@@ -55,6 +55,9 @@ class TrimConfig:
     learn_core: dynamic mode: how many more core ids to learn online, on the device, from the
         drafter's own traffic: each new request starts with the ids its earlier requests received
         most often. Needs no tokenizer and no data; 0 disables it.
+    successors: dynamic mode: with each id the drafter receives, also admit the last K distinct
+        ids that followed it before (in this drafter's traffic, this request included); 0
+        disables it.
     refresh_every: dynamic mode: every N-th step computes the full head once and admits its top
         ids; 0 (the default) disables it. Its cost, V/N head rows per step amortized, did not earn
         its place in the measurements (see README); opt in for drafters that need it.
@@ -71,6 +74,7 @@ class TrimConfig:
     capacity: int = 4096
     core: Any = None
     learn_core: int = 1024
+    successors: int = 4
     refresh_every: int = 0
     refresh_topk: int = 64
     _ids: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -95,6 +99,9 @@ class TrimConfig:
         if not isinstance(self.learn_core, int) or self.learn_core < 0:
             raise TrimpassError(f"learn_core: must be an int >= 0 (0 disables), got "
                                 f"{self.learn_core!r}")
+        if not isinstance(self.successors, int) or not 0 <= self.successors <= 16:
+            raise TrimpassError(f"successors: must be an int in [0, 16] (0 disables), got "
+                                f"{self.successors!r}")
         if not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise TrimpassError(f"refresh_every: must be an int >= 0 (0 disables), got "
                                 f"{self.refresh_every!r}")

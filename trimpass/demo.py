@@ -66,8 +66,9 @@ def _median_ms(fn, reps: int, on: torch.Tensor) -> float:
 
 
 def _state_ms(draft, reps: int = 200) -> float:
-    """Median ms of one step's state update (admit one new id, count it for the learned core, and
-    the learned core's re-ranking amortized over its period), on a copy of the batch-1 state."""
+    """Median ms of one step's state update (admit one new id with its successors, count it for
+    the learned core, and the learned core's re-ranking amortized over its period), on a copy of
+    the batch-1 state."""
     from trimpass.graph.dynamic import LEARN_EVERY
     from trimpass.state import admit_, learn_
     st = trimpass._state(draft, "demo")
@@ -77,11 +78,16 @@ def _state_ms(draft, reps: int = 200) -> float:
     ids = torch.randint(0, freq.numel(), (reps, 1, 1), device=freq.device)
 
     def step(i):  # what the graph's admit and learn ops run, on copies of the state
-        admit_(*bufs, ids[i], None, b["n_core"], learned)
+        new = torch.cat([ids[i], st.follow(ids[i], None)], 1) if st.config.successors else ids[i]
+        admit_(*bufs, new, None, b["n_core"], learned)
         learn_(freq, learned, ids[i], 1 << 30, -1)  # counting only
     rank = _median_ms(lambda i: learned.copy_(freq.topk(learned.numel()).indices), reps, ids) \
         if learned.numel() else 0.0
-    return _median_ms(step, reps, ids) + rank / LEARN_EVERY
+    saved = [t.clone() for t in (st.succ, b["last"])]
+    ms = _median_ms(step, reps, ids)
+    for t, old in zip((st.succ, b["last"]), saved):
+        t.copy_(old)  # the random ids leave no trace in the drafter's successor table
+    return ms + rank / LEARN_EVERY
 
 
 def _head_ms(model, reps: int = 20) -> float:

@@ -14,6 +14,10 @@ learned from earlier requests of the traffic the drafter actually serves, on the
 any traffic it is the lowest ids (measured with Qwen2.5 on ShareGPT: the lowest 1k cover 0.48 of
 next tokens, a counted top-1k 0.66).
 
+The successors need no data either: per drafter, ``succ[V, K]`` keeps the last K distinct ids that
+followed each id (in earlier requests and this one); with every id the drafter receives, the ids
+that followed it before are admitted too.
+
 ``trimpass::admit`` updates them in place from the token ids the drafter receives: static shapes,
 no host read of any device value, so a compiled step stays CUDA-graph capturable. Ids admitted in
 one call form a set: already-active ids are re-stamped; new ids take free slots, then evict the
@@ -38,7 +42,7 @@ _lib = torch.library.Library("trimpass", "FRAGMENT")
 # Passed in, functionalization would clone and copy back 1 MB each per step (measured on CPU with
 # aot_eager: +1.7 ms a step, more than the 2-layer Gemma drafter's trimmed head and state together).
 _lib.define("admit(Tensor(a!) idx, Tensor(b!) stamp, Tensor(c!) count, Tensor(d!) clock, "
-            "Tensor ids, Tensor? pos, int n_core, Tensor? learned, int state) -> ()")
+            "Tensor ids, Tensor? pos, int n_core, Tensor? learned, int state, int follow=0) -> ()")
 _states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
@@ -94,9 +98,13 @@ _steps: dict[tuple, int] = {}
 _serials = itertools.count(1)
 
 
-def admit_op(idx, stamp, count, clock, ids, pos, n_core: int, learned, state: int) -> None:
-    admit_(_owner(state).rows[idx.shape[0]]["slot"], idx, stamp, count, clock, ids, pos, n_core,
-           learned)
+def admit_op(idx, stamp, count, clock, ids, pos, n_core: int, learned, state: int,
+             follow: int = 0) -> None:
+    """The graph's op: with ``follow``, the ids that followed each received id before come too."""
+    st, B = _owner(state), idx.shape[0]
+    if follow:
+        ids = torch.cat([ids.reshape(B, -1), st.follow(ids, pos)], 1)
+    admit_(st.rows[B]["slot"], idx, stamp, count, clock, ids, pos, n_core, learned)
 
 
 def refresh_(x, weight, bias, idx, stamp, count, clock, n_core: int, every: int, topk: int,
@@ -153,7 +161,7 @@ class ActiveState:
         _states[self.serial] = self
         self.rows: dict[int, dict[str, torch.Tensor]] = {}
         self.V = None
-        self.freq = self.learned = None  # drafter-wide: shared by every batch size
+        self.freq = self.learned = self.succ = None  # drafter-wide: shared by every batch size
 
     def core_ids(self) -> torch.Tensor:
         parts = [self.config._keep] + ([self.config._core] if self.config._core is not None else [])
@@ -169,6 +177,9 @@ class ActiveState:
             self.config.check_vocab_size(V)
             cap = self.config.capacity
             core = self.core_ids()
+            if self.succ is None:  # [V+1, K]: the last K distinct ids seen after each id; row V
+                self.succ = torch.full((V + 1, self.config.successors), -1, dtype=torch.int32,
+                                       device=device)  # is scratch for pairs with no first id
             if self.freq is None:
                 # before any traffic, ties go to the lowest ids: BPE and SentencePiece
                 # vocabularies list frequent tokens first (a prior below one count)
@@ -193,6 +204,7 @@ class ActiveState:
                 buf["slot"][:, core.to(device)] = torch.arange(n_core, dtype=torch.int32,
                                                                device=device)
             buf["n_core"] = n_core
+            buf["last"] = torch.full((B,), -1, dtype=torch.long, device=device)  # last id per row
             self.rows[B] = buf
         return self.rows[B]
 
@@ -204,6 +216,35 @@ class ActiveState:
                              f"drafter on such a batch first (have: {sorted(self.rows)})")
         torch.ops.trimpass.admit(*self.args(b), ids.to(b["idx"].device), None, b["n_core"], None,
                                  self.serial)
+
+    def follow(self, ids: torch.Tensor, pos) -> torch.Tensor:
+        """Record which id followed which (this call's ids after each row's last one) and return,
+        for every received id, the ids that followed it before: ``[B, S*K]`` (the id itself where
+        there are fewer than K). Static shapes, no host read."""
+        B, (V1, K) = ids.shape[0], self.succ.shape
+        ids = ids.reshape(B, -1).long().clamp(0, V1 - 2)
+        last = self.rows[B]["last"]
+        if pos is not None:  # a new request has no previous id
+            last.masked_fill_(pos.reshape(B, -1)[:, 0] == 0, -1)
+        seq = torch.cat([last[:, None], ids], 1)
+        a, b = seq[:, :-1].reshape(-1), seq[:, 1:].reshape(-1)
+        a = torch.where(a < 0, V1 - 1, a)  # no previous id: the scratch row
+        P, ar = a.numel(), torch.arange(a.numel(), device=a.device)
+        order = torch.argsort(a * (P + 1) + (P - 1 - ar))  # by predecessor, newest pair first
+        a, b = a[order], b[order]
+        first = torch.ones_like(a, dtype=torch.bool)
+        first[1:] = a[1:] != a[:-1]
+        start = torch.cummax(torch.where(first, ar, 0), 0).values
+        at = (start[:, None] + torch.arange(K, device=a.device)).clamp(max=P - 1)  # [P, K]
+        window = torch.where(a[at] == a[:, None], b[at], -1)  # the group's newest K successors
+        cand = torch.cat([window, self.succ[a].long()], 1)  # then the ones seen before
+        dup = (cand[:, :, None] == cand[:, None, :]).tril(-1).any(2) | (cand < 0)
+        pick = torch.argsort(dup.to(torch.int8), dim=1, stable=True)[:, :K]
+        rows = torch.where(dup.gather(1, pick), -1, cand.gather(1, pick))
+        self.succ[a] = rows.to(self.succ.dtype)  # every pair of a group writes the same row
+        last.copy_(ids[:, -1])
+        got = self.succ[ids].long()  # [B, S, K]
+        return torch.where(got < 0, ids[..., None], got).reshape(B, -1)
 
     @staticmethod
     def args(b: dict) -> tuple:

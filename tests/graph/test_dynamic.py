@@ -131,3 +131,18 @@ def test_each_batch_size_gets_its_own_rows():
                 assert torch.allclose(out[r, -1, fin], m(ids)[r, -1, fin], atol=1e-5)
     st = trimpass.stats(c)
     assert [st[f"batch{B}"]["active"] for B in (1, 2, 3, 4)] == [[2], [2] * 2, [2] * 3, [2] * 4]
+
+
+def test_successors_of_a_received_id_are_active_and_exact():
+    torch._dynamo.reset()
+    m, ref = _pair()
+    c = trimpass.trim(m, learn_core=0, successors=3, inner="aot_eager")
+    with torch.no_grad():
+        c(torch.tensor([[40, 41, 42, 40, 43]]), torch.arange(5))  # 40 was followed by 41 and 43
+        out = c(torch.tensor([[40]]), torch.tensor([0]))  # a new request sends 40 alone
+        ref_out = ref(torch.tensor([[40]]), torch.tensor([0]))
+    n = trimpass.stats(c)["batch1"]["active"][0]
+    active = set(trimpass.active_ids(c)[0, :n].tolist())
+    assert active == {40, 41, 43}
+    _check_step(out, ref_out, active)
+    assert "successors 3" in trimpass.explain(c)

@@ -65,7 +65,7 @@ class DynamicIndex:
             for name, t in [(n, buf[n]) for n in _BUFFERS] + list(shared.items()):
                 gm.register_buffer(f"_trimpass_{name}", t)
                 got[name] = graph.get_attr(f"_trimpass_{name}")
-        learning = self.state.learned.numel() > 0
+        learning, cfg = self.state.learned.numel() > 0, self.state.config
         pos = _position_input(gm)
         for lookup, ids in m.embeddings:
             v = value(ids)
@@ -74,12 +74,12 @@ class DynamicIndex:
             with graph.inserting_before(lookup):
                 graph.call_function(torch.ops.trimpass.admit.default, tuple(
                     got[n] for n in _BUFFERS) + (ids, pos, buf["n_core"], got["learned"],
-                                                 self.state.serial))
+                                                 self.state.serial, cfg.successors))
                 if learning:
                     graph.call_function(torch.ops.trimpass.learn.default, (
                         got["learned"], ids, LEARN_EVERY, self.state.serial))
         self.note = (f"dynamic vocabulary: batch {B}, capacity {self.state.config.capacity}, "
-                     f"learned core {self.state.learned.numel()}, "
+                     f"learned core {self.state.learned.numel()}, successors {cfg.successors}, "
                      f"admits at {len(m.embeddings)} token lookup(s); " +
                      (f"resets when {pos.name} starts at 0" if pos is not None else
                       "no position input found: call trimpass.reset(draft) between requests"))
