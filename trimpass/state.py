@@ -14,9 +14,9 @@ learned from earlier requests of the traffic the drafter actually serves, on the
 any traffic it is the lowest ids (measured with Qwen2.5 on ShareGPT: the lowest 1k cover 0.48 of
 next tokens, a counted top-1k 0.66).
 
-The successors need no data either: per drafter, ``succ[V, K]`` keeps the last K distinct ids that
-followed each id (in earlier requests and this one); with every id the drafter receives, the ids
-that followed it before are admitted too.
+The successors need no data either: per drafter, ``succ[V+1, K]`` keeps the last K distinct ids
+that followed each id (in earlier requests and this one); with every id the drafter receives, the
+ids that followed it before are admitted too.
 
 ``trimpass::admit`` updates them in place from the token ids the drafter receives: static shapes,
 no host read of any device value, so a compiled step stays CUDA-graph capturable. Ids admitted in

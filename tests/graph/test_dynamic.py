@@ -146,3 +146,11 @@ def test_successors_of_a_received_id_are_active_and_exact():
     assert active == {40, 41, 43}
     _check_step(out, ref_out, active)
     assert "successors 3" in trimpass.explain(c)
+
+
+def test_out_of_range_ids_fail_with_our_message_before_the_lookup():
+    torch._dynamo.reset()
+    m, _ = _pair()
+    c = trimpass.trim(m, inner="aot_eager")
+    with torch.no_grad(), pytest.raises(ValueError, match=rf"ids: token ids must be in \[0, {V}\)"):
+        c(torch.tensor([[3, V + 2]]), torch.arange(2))
