@@ -151,11 +151,13 @@ def main():
         off = dict(learn_core=0, successors=0)
         variants = {"context": off, "context+core1k": dict(off, core=rank[:1000]),
                     "context+core2k": dict(off, core=rank[:2000]),
-                    "context+learned1k": dict(successors=0, warm=warm),
-                    "zero-config: context+learned1k+successors4 (cold)": {},
-                    "zero-config: context+learned1k+successors4": dict(warm=warm),
-                    "context+learned2k+successors4": dict(learn_core=2048, warm=warm),
-                    "context+learned2.5k+successors4": dict(learn_core=2560, warm=warm)}
+                    "zero-config: context+learned1k (cold)": {},
+                    "zero-config: context+learned1k": dict(warm=warm),
+                    "context+learned1k+successors4": dict(successors=4, warm=warm),
+                    "context+learned2k+successors4": dict(learn_core=2048, successors=4,
+                                                          warm=warm),
+                    "context+learned2.5k+successors4": dict(learn_core=2560, successors=4,
+                                                            warm=warm)}
         if a.observe:
             tops = target_top3(docs)
             variants.update({"context+observe3": dict(off, tops=tops),

@@ -29,13 +29,13 @@ from trimpass.select.corpora import held_out, read
 from trimpass.spec import gemma
 
 VARIANTS = {
-    "context": dict(learn_core=0, successors=0),
-    "context+learned1k": dict(successors=0),
-    "zero-config: context+learned1k+successors4": dict(),
-    "context+learned2k+successors4": dict(learn_core=2048),
-    "context+core1k": dict(learn_core=0, successors=0, core="top1k"),
-    "context+refresh16": dict(learn_core=0, successors=0, refresh_every=16, refresh_topk=64),
-    "context+observe3": dict(learn_core=0, successors=0, observe=3),
+    "context": dict(learn_core=0),
+    "zero-config: context+learned1k": dict(),
+    "context+learned1k+successors4": dict(successors=4),
+    "context+learned2k+successors4": dict(learn_core=2048, successors=4),
+    "context+core1k": dict(learn_core=0, core="top1k"),
+    "context+refresh16": dict(learn_core=0, refresh_every=16, refresh_topk=64),
+    "context+observe3": dict(learn_core=0, observe=3),
     "zero-config+observe3": dict(observe=3),
 }
 
