@@ -70,7 +70,7 @@ def _state_ms(draft, reps: int = 200) -> float:
     the learned core, and the learned core's re-ranking amortized over its period), on a copy of
     the batch-1 state."""
     from trimpass.graph.dynamic import LEARN_EVERY
-    from trimpass.state import admit_, learn_
+    from trimpass.state import admit_, learn_, rank_
     st = trimpass._state(draft, "demo")
     b = st.rows[1]
     bufs = [b[k].clone() for k in ("slot", "idx", "stamp", "count", "clock")]
@@ -81,8 +81,7 @@ def _state_ms(draft, reps: int = 200) -> float:
         new = torch.cat([ids[i], st.follow(ids[i], None)], 1) if st.config.successors else ids[i]
         admit_(*bufs, new, None, b["n_core"], learned)
         learn_(freq, learned, ids[i], 1 << 30, -1)  # counting only
-    rank = _median_ms(lambda i: learned.copy_(freq.topk(learned.numel()).indices), reps, ids) \
-        if learned.numel() else 0.0
+    rank = _median_ms(lambda i: rank_(freq, learned), reps, ids) if learned.numel() else 0.0
     saved = [t.clone() for t in (st.succ, b["last"])]
     ms = _median_ms(step, reps, ids)
     for t, old in zip((st.succ, b["last"]), saved):

@@ -140,7 +140,12 @@ def learn_(freq, learned, ids, every: int, state_id: int) -> None:
     step = _steps.get(key, 0) + 1
     _steps[key] = step
     if step % every == 0 and not (freq.is_cuda and torch.cuda.is_current_stream_capturing()):
-        learned.copy_(freq.topk(learned.numel()).indices)
+        rank_(freq, learned)
+
+
+def rank_(freq, learned) -> None:
+    """Make ``learned`` the ``learned.numel()`` most frequent ids of ``freq``."""
+    learned.copy_(freq.topk(learned.numel()).indices)
 
 
 def _noop_fake(*args):
@@ -259,7 +264,7 @@ class ActiveState:
         for key in [k for k in _steps if k[0] == self.serial and k[1] != "learn"]:
             del _steps[key]
         if self.learned is not None and self.learned.numel():
-            self.learned.copy_(self.freq.topk(self.learned.numel()).indices)
+            rank_(self.freq, self.learned)
         for b in self.rows.values():
             B = b["count"].shape[0]
             torch.ops.trimpass.admit(*self.args(b), b["idx"][:, :0],
