@@ -52,15 +52,15 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return out
 
 
-def _median_ms(fn, reps: int, on: torch.Tensor) -> float:
-    """Median wall ms of ``fn(i)`` over ``reps`` calls, synchronizing ``on``'s device."""
+def _median_ms(fn, reps: int) -> float:
+    """Median wall ms of ``fn(i)`` over ``reps`` calls (CUDA work waited for)."""
     import time
     ts = []
     for i in range(reps):
-        _sync(on)
+        assisted.sync()
         t0 = time.perf_counter()
         fn(i)
-        _sync(on)
+        assisted.sync()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
 
@@ -81,9 +81,9 @@ def _state_ms(draft, reps: int = 200) -> float:
         new = torch.cat([ids[i], st.follow(ids[i], None)], 1) if st.config.successors else ids[i]
         admit_(*bufs, new, None, b["n_core"], learned)
         learn_(freq, learned, ids[i], 1 << 30, -1)  # counting only
-    rank = _median_ms(lambda i: rank_(freq, learned), reps, ids) if learned.numel() else 0.0
+    rank = _median_ms(lambda i: rank_(freq, learned), reps) if learned.numel() else 0.0
     saved = [t.clone() for t in (st.succ, b["last"])]
-    ms = _median_ms(step, reps, ids)
+    ms = _median_ms(step, reps)
     for t, old in zip((st.succ, b["last"]), saved):
         t.copy_(old)  # the random ids leave no trace in the drafter's successor table
     return ms + rank / LEARN_EVERY
@@ -93,12 +93,7 @@ def _head_ms(model, reps: int = 20) -> float:
     """Median ms of the full LM head on one position, as the untrimmed drafter computes it."""
     w = model.get_output_embeddings().weight
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
-    return _median_ms(lambda i: torch.nn.functional.linear(x, w), reps, x)
-
-
-def _sync(t: torch.Tensor) -> None:
-    if t.is_cuda:
-        torch.cuda.synchronize()
+    return _median_ms(lambda i: torch.nn.functional.linear(x, w), reps)
 
 
 def _plot(rows, path: str, model_name: str) -> None:

@@ -51,10 +51,10 @@ class _Timer:
         self.fn, self.stats, self.on_call = fn, stats, on_call
 
     def __call__(self, *args, **kwargs):
-        _sync()
+        sync()
         t0 = time.perf_counter()
         out = self.fn(*args, **kwargs)
-        _sync()  # CUDA launches are asynchronous: time the work, not the launch
+        sync()  # CUDA launches are asynchronous: time the work, not the launch
         dt = time.perf_counter() - t0
         self.stats.draft_calls += 1
         self.stats.draft_s += dt
@@ -64,7 +64,8 @@ class _Timer:
         return out
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for queued CUDA work, if CUDA is in use (a no-op on CPU)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
