@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trimpass.cache import cache_dir
 from trimpass.progress import progress
 from trimpass.select import corpora
-from trimpass.cache import cache_dir
 
 BATCH = 512
 
@@ -76,7 +76,7 @@ def count(encoder, spec: str, cache: bool = True) -> Counts:
         toks = encoder.encode_batch(batch)
         t0 = time.perf_counter()
         for split in (True, False):
-            sel = [t for t, h in zip(toks, ids_) if h == split]
+            sel = [t for t, h in zip(toks, ids_, strict=True) if h == split]
             if sel:
                 flat = np.concatenate(sel)
                 if flat.size and (flat.min() < 0 or flat.max() >= V):

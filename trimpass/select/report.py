@@ -7,14 +7,15 @@ import os
 import numpy as np
 import torch
 
-from trimpass.select import costmodel, counts as counting, interop, tokenizers, tpe
+from trimpass.select import costmodel, interop, tokenizers, tpe
+from trimpass.select import counts as counting
 
 
 def plot(sel: tpe.Selection, c_min: float, path: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ks, cov, red = (np.array(x) for x in zip(*sel.frontier))
+    ks, cov, red = (np.array(x) for x in zip(*sel.frontier, strict=True))
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     sc = ax.scatter(red * 100, cov * 100, c=np.log10(ks), cmap="viridis", s=14)
     ax.axhline(c_min * 100, color="grey", ls="--", lw=1, label=f"min coverage {c_min:.0%}")

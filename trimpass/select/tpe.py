@@ -1,4 +1,5 @@
-"""Choosing the kept vocabulary: frequency top-K, and a TPE search for the best coverage/latency trade.
+"""Choosing the kept vocabulary: frequency top-K, and a TPE search for the best trade of coverage
+against latency.
 
 Utility ``α·coverage(K) + (1−α)·reduction(K)`` subject to ``coverage(K) ≥ c_min``; coverage is the
 held-out share of next tokens inside the kept set (averaged over corpora when several are given),
@@ -36,7 +37,7 @@ def check_args(alpha: float, c_min: float) -> None:
 
 
 def _mixed_rank(counts, weights, keep):
-    mix = sum(w * c.train / max(c.train.sum(), 1) for w, c in zip(weights, counts))
+    mix = sum(w * c.train / max(c.train.sum(), 1) for w, c in zip(weights, counts, strict=True))
     return ranking(mix, keep)
 
 
@@ -61,7 +62,7 @@ def sweep(counts, cost, alpha: float, c_min: float, k_max: int, keep=()):
         raise ValueError(f"min coverage: {c_min} is not reached by any K <= {k_max} (best "
                          f"{cov.max():.4f}); lower --min-coverage or raise --max-k")
     best = int(np.argmax(np.where(feasible, util, -np.inf)))
-    frontier = [(int(k), float(c), float(r)) for k, c, r in zip(ks, cov, red)]
+    frontier = [(int(k), float(c), float(r)) for k, c, r in zip(ks, cov, red, strict=True)]
     return int(ks[best]), float(util[best]), frontier
 
 
@@ -99,4 +100,5 @@ def select(counts, cost, alpha: float = 0.5, c_min: float = 0.9, trials: int = 1
     rank = _mixed_rank(counts, w, keep)
     return Selection(K, np.sort(rank[:K]), _coverages(rank, counts, K),
                      float(cost.reduction(K)), float(t.value),
-                     {c.corpus: wi for c, wi in zip(counts, w)}, frontier, len(study.trials))
+                     {c.corpus: wi for c, wi in zip(counts, w, strict=True)}, frontier,
+                     len(study.trials))
