@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import trimpass
-from trimpass import TrimpassError
 from tests.graph.test_pass import TiedLM, V
+from trimpass import TrimConfig, TrimpassError
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -69,3 +69,19 @@ def test_vocab_file(tmp_path):
         out = torch.compile(m, backend=trimpass.backend(vocab=str(tmp_path / "v.pt"),
                                                        inner="aot_eager"))(torch.tensor([[1]]))
     assert torch.isfinite(out[0, 0]).nonzero().flatten().tolist() == [7, 8, 9]
+
+
+@pytest.mark.parametrize("setting", ["capacity", "learn_core", "successors", "refresh_every",
+                                     "max_rows", "core"])
+def test_dynamic_only_setting_with_a_static_vocab_is_an_error(setting):
+    value = [1, 2] if setting == "core" else 4
+    with pytest.raises(TrimpassError, match=rf"{setting}: a dynamic-mode setting"):
+        TrimConfig(vocab=[1, 2, 3], **{setting: value})
+
+
+def test_each_mode_gets_its_settings_and_defaults():
+    static, dynamic = TrimConfig(vocab=[3, 1], keep=[0]), TrimConfig()
+    assert not static.dynamic and static.settings.index(10, "cpu")[0].tolist() == [0, 1, 3]
+    assert static.capacity is None
+    assert dynamic.dynamic and (dynamic.capacity, dynamic.learn_core) == (4096, 1024)
+    assert dynamic.settings.max_rows == 64

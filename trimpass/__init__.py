@@ -1,4 +1,4 @@
-"""trimpass: trim a speculative-decoding drafter's LM head to an active vocabulary, by compiler pass.
+"""trimpass: trim a speculative-decoding drafter's LM head to an active vocabulary by compiler pass.
 
 ``torch.compile(draft, backend=trimpass)`` — the module itself is a Dynamo backend (zero
 configuration: the dynamic, context-aware vocabulary); ``backend="trimpass"`` works by name;
@@ -71,48 +71,71 @@ def _backend_of(draft) -> TrimBackend:
     return be
 
 
+def _module_of(draft):
+    orig = getattr(draft, "_orig_mod", draft)
+    return orig if isinstance(orig, torch.nn.Module) else None
+
+
 def explain(draft) -> str:
     """What trimpass rewrote and skipped in each graph compiled for ``draft``."""
     return _backend_of(draft).explain()
 
 
-def _state(draft, what: str):
+def _state(draft, what: str, required: bool = True):
     be = _backend_of(draft)
-    if be.state is None:
-        raise TrimpassError(f"{what}: {type(draft).__name__} has no dynamic-vocabulary state (not "
-                            "compiled with trimpass in the dynamic mode, or not run yet)")
-    return be.state
+    module = _module_of(draft)
+    st = be.state_for(module) if module is not None else be.state_for(None)
+    if st is None and be.config.dynamic:
+        st = be.state  # a compiled function: the backend's only state
+    if st is None or st.V is None:
+        if not required:
+            return None
+        raise TrimpassError(f"{what}: {type(draft).__name__} has no dynamic-vocabulary state yet "
+                            "(not compiled with trimpass in the dynamic mode, or not run yet)")
+    return st
 
 
 def reset(draft=None) -> None:
-    """Start a new request: clear the drafter's active vocabulary (the core set stays).
+    """Start a new request in every row of ``draft``'s dynamic vocabulary (the core set stays).
 
-    ``torch._dynamo.reset()`` calls a backend's ``reset()`` with no argument: that is a no-op here.
+    A no-op before the drafter's first call, and for a static vocabulary. ``torch._dynamo.reset()``
+    calls a backend's ``reset()`` with no argument: that is a no-op too.
     """
     if draft is not None:
-        _state(draft, "reset").reset()
+        st = _state(draft, "reset", required=False)
+        if st is not None:
+            st.reset()
 
 
 def stats(draft) -> dict:
-    """Active-set sizes and counters of ``draft`` (reads the device: call it between steps)."""
+    """Active-set sizes and counters of ``draft`` (reads the device: call it between steps).
+
+    Keys (both modes): ``mode`` ("static" or "dynamic"), ``vocab_size``, ``active`` (active ids per
+    batch position of the latest call; one entry in the static mode). Dynamic mode adds
+    ``capacity``, ``max_rows``, ``core`` (core slots per row: kept + configured + learned),
+    ``learned``, ``calls`` (admissions), ``requests`` (engine-bound rows) and ``bytes_per_row``.
+    """
+    be = _backend_of(draft)
+    if not be.config.dynamic:
+        idx = be.config.settings.index(1 << 62, "cpu")[0]
+        return {"mode": "static", "vocab_size": be.config.vocab_size, "active": [idx.numel()]}
     return _state(draft, "stats").stats()
 
 
 def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
-    """Opt-in: admit the target's top-``k`` predictions (logits ``[B, ..., V]`` or ids ``[B, ...]``)."""
+    """Opt-in: admit the target's top-``k`` predictions (logits ``[B, ..., V]`` or ids
+    ``[B, ...]``)."""
     _state(draft, "observe").observe(target_logits_or_ids, k)
 
 
 def active_ids(draft) -> torch.Tensor:
-    """The active ids ``[B, CAP]`` (dynamic) or ``[K]`` (static) that compact outputs index."""
+    """The active ids that compact outputs index: ``[B, capacity]`` per batch position of the latest
+    call (dynamic; valid up to ``stats(draft)["active"]``) or ``[K]`` (static)."""
     be = _backend_of(draft)
-    if be.state is not None and be.state.rows:
-        b = be.state.rows[max(be.state.rows)] if len(be.state.rows) > 1 else \
-            next(iter(be.state.rows.values()))
-        return b["idx"][:, :-1]
-    if be.config.dynamic:
-        raise TrimpassError("active_ids: run the compiled drafter once first")
-    return be.config.static_index(be.config.vocab_size or 1 << 62, "cpu")[0]
+    if not be.config.dynamic:
+        return be.config.settings.index(1 << 62, "cpu")[0]
+    st = _state(draft, "active_ids")
+    return st.active(st.batch or 1)[0]
 
 
 class _CallableModule(types.ModuleType):

@@ -1,10 +1,10 @@
 """The thin Dynamo backend: run the pass on each captured graph, then hand it to the inner compiler.
 
-One :class:`TrimBackend` serves one drafter: every graph compiled for it (prefill, decode,
-recompiles, the pieces around a graph break) is rewritten with the same configuration and, in the
-dynamic mode, shares one device-resident state. ``TRIMPASS_DISABLE=1`` turns every backend into a
-plain pass-through to its inner compiler. A graph that nothing matched is compiled unchanged, with
-one warning that says why.
+Every graph a :class:`TrimBackend` compiles (prefill, decode, recompiles, the pieces around a graph
+break) is rewritten with the same configuration; in the dynamic mode, the graphs of one drafter
+share that drafter's device-resident state, and no two drafters share one. ``TRIMPASS_DISABLE=1``
+turns every backend into a plain pass-through to its inner compiler. A graph that nothing matched
+is compiled unchanged, with one warning that says why.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import weakref
 import torch
 
 from trimpass.config import TrimConfig, TrimpassError, disabled
+from trimpass.graph.index import DynamicIndex
 from trimpass.graph.rewrite import rewrite
 
 log = logging.getLogger("trimpass")
@@ -34,23 +35,41 @@ def compile_inner(gm, example_inputs, inner, mode=None, options=None):
 
 
 class TrimBackend:
-    """A configured trimpass backend for ``torch.compile(..., backend=...)``."""
+    """A configured trimpass backend for ``torch.compile(..., backend=...)``.
+
+    In the dynamic mode each drafter it compiles gets its own :class:`ActiveState`. Dynamo shares
+    one compiled graph between instances of a module class with the same shapes; a graph names its
+    drafter's state, so the backend makes Dynamo keep one graph per drafter instance (an identity
+    guard on the method's receiver). That is also what CUDA-graph replay needs: a captured graph
+    replays the addresses of the state it was captured with.
+    """
 
     __name__ = "trimpass"
 
     def __init__(self, config: TrimConfig | None = None):
         self.config = config or TrimConfig()
         self.reports = []
-        self.state = None  # the dynamic mode's device-resident state, made on first use
+        self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._unowned = None  # the state of a compiled function that is no module's method
 
-    def _index(self):
+    def state_for(self, drafter, create: bool = False):
+        """The dynamic-vocabulary state of ``drafter`` (``None`` for a plain function)."""
         if not self.config.dynamic:
             return None
-        from trimpass.graph.dynamic import DynamicIndex
-        if self.state is None:
-            from trimpass.state import ActiveState
-            self.state = ActiveState(self.config)
-        return DynamicIndex(self.state)
+        from trimpass.state import ActiveState
+        if drafter is None:
+            if self._unowned is None and create:
+                self._unowned = ActiveState(self.config.settings)
+            return self._unowned
+        if drafter not in self._states and create:
+            self._states[drafter] = ActiveState(self.config.settings)
+        return self._states.get(drafter)
+
+    @property
+    def state(self):
+        """The state of the only drafter this backend compiled, if exactly one (else ``None``)."""
+        states = list(self._states.values()) + ([self._unowned] if self._unowned else [])
+        return states[0] if len(states) == 1 else None
 
     def __call__(self, gm, example_inputs, mode=None, options=None, **kwargs):
         mode = mode if mode is not None else self.config.mode
@@ -60,7 +79,12 @@ class TrimBackend:
         drafter = _current_drafter()
         if drafter is not None:  # the latest backend compiling it is what explain/stats/observe see
             drafter._trimpass_backend = self
-        new = rewrite(gm, self.config, example_inputs, index=self._index())
+        index = None
+        if self.config.dynamic:
+            index = DynamicIndex(self.state_for(drafter, create=True))
+            if drafter is not None:
+                _guard_on_receiver()
+        new = rewrite(gm, self.config, example_inputs, index=index)
         report = new.meta["trimpass"]
         self.reports.append(report)
         if report.rewritten:
@@ -81,17 +105,36 @@ _per_drafter: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _fallback = {}
 
 
-def _current_drafter():
-    """The module whose frame Dynamo is compiling, when it is a module's method."""
+def _frame():
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         tx = InstructionTranslator.current_tx()
-        code = tx.f_code if tx is not None else None
-        first = code.co_varnames[0] if code is not None and code.co_argcount else "self"
-        owner = tx.f_locals.get(first) if tx is not None else None  # the method's receiver
-    except Exception:  # noqa: BLE001 - internals moved: fall back to one shared backend
-        owner = None
+    except Exception:  # noqa: BLE001 - internals moved
+        return None, None
+    code = tx.f_code if tx is not None else None
+    first = code.co_varnames[0] if code is not None and code.co_argcount else None
+    return tx, first
+
+
+def _current_drafter():
+    """The module whose frame Dynamo is compiling, when it is a module's method."""
+    tx, first = _frame()
+    owner = tx.f_locals.get(first) if tx is not None and first else None  # the receiver
     return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _guard_on_receiver() -> None:
+    """Make the graph being compiled valid for this very receiver only (an ID_MATCH guard)."""
+    tx, first = _frame()
+    try:
+        from torch._dynamo.guards import GuardBuilder
+        from torch._dynamo.source import LocalSource
+        from torch._guards import Guard
+        tx.output.guards.add(Guard(LocalSource(first), GuardBuilder.ID_MATCH))
+    except Exception as e:  # noqa: BLE001 - never share a state silently
+        raise TrimpassError(f"trimpass: could not pin the compiled graph to its drafter ({e}); "
+                            "this torch version is not supported by the dynamic mode, pass a "
+                            "static vocab=") from None
 
 
 def backend_for(drafter) -> TrimBackend:

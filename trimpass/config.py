@@ -36,9 +36,59 @@ class TrimpassError(_Passthrough, ValueError):
             super().__init__(msg, first_useful_frame=None)
 
 
+DYNAMIC_DEFAULTS = dict(capacity=4096, core=None, learn_core=1024, successors=0,
+                        refresh_every=0, refresh_topk=64, max_rows=64)
+
+
+@dataclass(frozen=True)
+class StaticSettings:
+    """The static mode: one fixed, checked list of ids (``vocab`` ∪ ``keep``) for every row."""
+    ids: torch.Tensor
+    keep: torch.Tensor
+
+    def check_vocab_size(self, V: int) -> None:
+        _check_max(V, vocab=self.ids, keep=self.keep)
+
+    def index(self, V: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(idx[K], count[1])`` on ``device``: sorted unique ids, ascending rows of W."""
+        self.check_vocab_size(V)
+        idx = torch.unique(torch.cat([self.ids, self.keep]))
+        return idx.to(device), torch.tensor([idx.numel()], dtype=torch.int32, device=device)
+
+
+@dataclass(frozen=True)
+class DynamicSettings:
+    """The dynamic mode: per-request rows of ``capacity`` ids (see :mod:`trimpass.state`)."""
+    keep: torch.Tensor
+    capacity: int
+    core: torch.Tensor | None
+    learn_core: int
+    successors: int
+    refresh_every: int
+    refresh_topk: int
+    max_rows: int
+
+    def check_vocab_size(self, V: int) -> None:
+        _check_max(V, keep=self.keep, core=self.core)
+
+
+def _check_max(V: int, **lists) -> None:
+    for name, t in lists.items():
+        if t is not None and t.numel() and int(t.max()) >= V:
+            raise TrimpassError(
+                f"{name}: has token id {int(t.max())} but the drafter's head has only {V} rows; "
+                "was the list made with another tokenizer?")
+
+
 @dataclass
 class TrimConfig:
-    """Settings of a trimpass backend.
+    """Settings of a trimpass backend: the front door of both modes.
+
+    A static ``vocab`` selects the static mode; ``vocab=None`` the dynamic, context-aware mode (the
+    zero-configuration default). The dynamic-only settings (``capacity``, ``core``,
+    ``learn_core``, ``successors``, ``refresh_every``, ``refresh_topk``, ``max_rows``) default to
+    ``None`` and take their defaults in the dynamic mode; given with a static ``vocab`` they are an
+    error, since they would do nothing. :attr:`settings` holds the checked settings of the mode.
 
     vocab: static active vocabulary (list / 1-D tensor of token ids, or a path to a torch-saved
         1-D int64 tensor or dict with key ``ids``); ``None`` for the dynamic context-aware mode.
@@ -50,19 +100,22 @@ class TrimConfig:
         ``"eager"``, or a Dynamo backend callable.
     mode, options: forwarded to inductor (as ``torch.compile``'s).
     vocab_size: the head's V, when the graph has no embedding lookup to read it from.
-    capacity: dynamic mode: active ids kept per batch row (least recently seen are evicted).
+    capacity: dynamic mode (default 4096): active ids kept per request row (least recently seen
+        are evicted).
     core: dynamic mode: ids of a core set always active (e.g. a static list from ``select``).
-    learn_core: dynamic mode: how many more core ids to learn online, on the device, from the
-        drafter's own traffic: each new request starts with the ids its earlier requests received
-        most often. Needs no tokenizer and no data; 0 disables it.
-    successors: dynamic mode: with each id the drafter receives, also admit the last K distinct
-        ids that followed it before (in this drafter's traffic, this request included); 0 (the
-        default) disables it. ``4`` adds 2-3 points of coverage once a drafter has served some
-        traffic, for ~60 more ids, but its bookkeeping costs ~0.2 ms a step on CPU.
-    refresh_every: dynamic mode: every N-th step computes the full head once and admits its top
-        ids; 0 (the default) disables it. Its cost, V/N head rows per step amortized, did not earn
-        its place in the measurements (see README); opt in for drafters that need it.
-    refresh_topk: dynamic mode: how many top ids a refresh step admits.
+    learn_core: dynamic mode (default 1024): how many more core ids to learn online, on the
+        device, from the drafter's own traffic: each new request starts with the ids its earlier
+        requests received most often. Needs no tokenizer and no data; 0 disables it.
+    successors: dynamic mode (default 0, off): with each id the drafter receives, also admit the
+        last K distinct ids that followed it before (in this drafter's traffic). ``4`` adds 2-3
+        points of coverage once a drafter has served some traffic, for ~60 more ids, but its
+        bookkeeping costs ~0.2 ms a step on CPU.
+    refresh_every: dynamic mode (default 0, off): every N-th step computes the full head once and
+        admits its top ids. Its cost, V/N head rows per step amortized, did not earn its place in
+        the measurements (see README); opt in for drafters that need it.
+    refresh_topk: dynamic mode (default 64): how many top ids a refresh step admits.
+    max_rows: dynamic mode (default 64): request rows in the drafter's pool (the largest batch,
+        or an engine's concurrent requests); each row holds ~64 KB at capacity 4,096.
     """
 
     vocab: Any = None
@@ -72,15 +125,14 @@ class TrimConfig:
     mode: str | None = None
     options: dict | None = None
     vocab_size: int | None = None
-    capacity: int = 4096
+    capacity: int | None = None
     core: Any = None
-    learn_core: int = 1024
-    successors: int = 0
-    refresh_every: int = 0
-    refresh_topk: int = 64
-    _ids: torch.Tensor | None = field(default=None, init=False, repr=False)
-    _keep: torch.Tensor = field(default=None, init=False, repr=False)
-    _core: torch.Tensor | None = field(default=None, init=False, repr=False)
+    learn_core: int | None = None
+    successors: int | None = None
+    refresh_every: int | None = None
+    refresh_topk: int | None = None
+    max_rows: int | None = None
+    settings: StaticSettings | DynamicSettings = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.output not in OUTPUTS:
@@ -93,9 +145,21 @@ class TrimConfig:
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int)
                                             or self.vocab_size <= 0):
             raise TrimpassError(f"vocab_size: must be a positive int, got {self.vocab_size!r}")
-        for name in ("capacity", "refresh_topk"):
+        keep = self._checked(self.keep, "keep", allow_empty=True)
+        if self.vocab is not None:
+            given = [k for k in DYNAMIC_DEFAULTS if getattr(self, k) is not None]
+            if given:
+                raise TrimpassError(
+                    f"{given[0]}: a dynamic-mode setting, which does nothing with a static vocab; "
+                    f"remove {', '.join(given)}, or drop vocab= to use the dynamic mode")
+            self.settings = StaticSettings(self._checked(self.vocab, "vocab"), keep)
+            return
+        for k, v in DYNAMIC_DEFAULTS.items():
+            if getattr(self, k) is None:
+                setattr(self, k, v)
+        for name in ("capacity", "refresh_topk", "max_rows"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise TrimpassError(f"{name}: must be a positive int, got {v!r}")
         if not isinstance(self.learn_core, int) or self.learn_core < 0:
             raise TrimpassError(f"learn_core: must be an int >= 0 (0 disables), got "
@@ -106,17 +170,16 @@ class TrimConfig:
         if not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise TrimpassError(f"refresh_every: must be an int >= 0 (0 disables), got "
                                 f"{self.refresh_every!r}")
-        self._keep = self._checked(self.keep, "keep", allow_empty=True)
-        if self.vocab is not None:
-            self._ids = self._checked(self.vocab, "vocab")
-        if self.core is not None:
-            self._core = self._checked(self.core, "core")
-        n_core = (0 if self._core is None else self._core.numel()) + self._keep.numel()
-        if self.dynamic and n_core + self.learn_core >= self.capacity:
+        core = None if self.core is None else self._checked(self.core, "core")
+        n_core = (0 if core is None else core.numel()) + keep.numel()
+        if n_core + self.learn_core >= self.capacity:
             raise TrimpassError(
                 f"capacity: {self.capacity} leaves no room beside the core set, learned core and "
-                f"kept ids ({n_core - self._keep.numel()} + {self.learn_core} + "
-                f"{self._keep.numel()}); raise capacity, or lower learn_core or shrink core")
+                f"kept ids ({n_core - keep.numel()} + {self.learn_core} + {keep.numel()}); raise "
+                "capacity, or lower learn_core or shrink core")
+        self.settings = DynamicSettings(keep, self.capacity, core, self.learn_core,
+                                        self.successors, self.refresh_every, self.refresh_topk,
+                                        self.max_rows)
 
     def _checked(self, ids, name: str, allow_empty: bool = False) -> torch.Tensor:
         try:
@@ -129,20 +192,7 @@ class TrimConfig:
 
     @property
     def dynamic(self) -> bool:
-        return self._ids is None
-
-    def check_vocab_size(self, V: int) -> None:
-        """Check the ids against the head's V once the graph shows it."""
-        for name, t in (("vocab", self._ids), ("keep", self._keep), ("core", self._core)):
-            if t is not None and t.numel() and int(t.max()) >= V:
-                raise TrimpassError(
-                    f"{name}: has token id {int(t.max())} but the drafter's head has only {V} "
-                    "rows; was the list made with another tokenizer?")
-
-    def static_index(self, V: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        self.check_vocab_size(V)
-        idx = torch.unique(torch.cat([self._ids, self._keep]))
-        return idx.to(device), torch.tensor([idx.numel()], dtype=torch.int32, device=device)
+        return isinstance(self.settings, DynamicSettings)
 
 
 def disabled() -> bool:

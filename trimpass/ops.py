@@ -93,41 +93,98 @@ def _grouped(x, idx, count, G):
     return x3, idx.reshape(G, -1), count.reshape(G)
 
 
-def _compact_logits(x3, weight, bias, idx2, cnt, scale, softcap):
-    if _use_triton(x3):
-        from trimpass.kernels import trimmed_head as kernel
-        return kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=softcap)
-    G, R, _ = x3.shape
-    CAP = idx2.shape[1]
-    counts = cnt.tolist()  # a CPU tensor: no device sync
-    n = min(max(counts), CAP)
+def softcap(z: torch.Tensor, cap: float, inplace: bool = False) -> torch.Tensor:
+    """Soft-capping, ``cap * tanh(z / cap)`` (Gemma's final-logit capping); ``cap = 0`` returns
+    ``z`` as it is. trimpass's one definition: the ops, the kernel's reference and the tests."""
+    if not cap:
+        return z
+    if inplace:
+        return z.div_(cap).tanh_().mul_(cap)
+    return torch.tanh(z / cap) * cap
+
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,
+             torch.float16: torch.int16}
+_fill_bits: dict = {}
+
+
+def filled(shape, fill: float, like: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``shape`` holding ``fill``, with ``like``'s dtype and device."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    as_int = _INT_VIEW.get(out.dtype)
+    if out.device.type != "cpu" or as_int is None:
+        return out.fill_(fill)
+    # Single-threaded on purpose: on a busy 2-core CPU, OpenMP's parallel fill of a V-sized row
+    # waits for a descheduled worker (measured: milliseconds a call); numpy's fill takes ~25 us.
+    bits = _fill_bits.get((out.dtype, fill))
+    if bits is None:
+        bits = _fill_bits[out.dtype, fill] = torch.tensor(fill, dtype=out.dtype).view(as_int).item()
+    out.view(as_int).numpy().fill(bits)
+    return out
+
+
+def _host_counts(cnt: torch.Tensor, cap: int) -> list[int]:
+    # The torch path reads the counts: free on CPU, a device sync where it is forced on CUDA.
+    return [min(max(c, 0), cap) for c in cnt.tolist()]
+
+
+def _torch_logits(x3, weight, bias, idx2, counts, scale, cap):
+    """``[G, R, max(counts)]`` logits from the cached compact rows; a group's slots at or past its
+    own count hold junk, which callers cut off."""
     with torch.no_grad():
-        rows, brows = compact.compact_rows(weight, bias, idx2, n)
-    if G == 1:
+        rows, brows = compact.compact_rows(weight, bias, idx2, max(counts))
+    if x3.shape[0] == 1:
         z = F.linear(x3[0], rows[0], None if brows is None else brows[0])[None]
+    elif brows is not None:
+        z = torch.baddbmm(brows[:, None, :], x3, rows.transpose(1, 2))
     else:
-        z = torch.baddbmm(brows[:, None, :], x3, rows.transpose(1, 2)) if brows is not None \
-            else torch.bmm(x3, rows.transpose(1, 2))
+        z = torch.bmm(x3, rows.transpose(1, 2))
     if scale != 1.0:
         z.mul_(scale)
-    if softcap:
-        z.div_(softcap).tanh_().mul_(softcap)
-    if min(counts) >= CAP:
-        return z
-    out = z.new_full((G, R, CAP), float("-inf"))
-    out[:, :, :n] = z
-    return out if G == 1 else mask_tail(out, cnt, float("-inf"))
+    return softcap(z, cap, inplace=True)
+
+
+def _cut(z3: torch.Tensor, counts: list[int], cap: int, fill: float) -> torch.Tensor:
+    """``z3[G, R, n]`` widened to a new ``[G, R, cap]`` with ``fill`` at and past each count."""
+    out = torch.empty((*z3.shape[:2], cap), dtype=z3.dtype, device=z3.device)
+    out[:, :, :z3.shape[2]] = z3
+    for g, c in enumerate(counts):
+        out[g, :, c:] = fill
+    return out
+
+
+def _place(z3: torch.Tensor, idx2: torch.Tensor, counts: list[int], V: int,
+           fill: float) -> torch.Tensor:
+    """``z3[g, :, :count]`` at columns ``idx2[g, :count]`` of a new ``[G, R, V]`` of ``fill``. The ids
+    within a count are distinct: ``as_index`` and the dynamic state keep them a set."""
+    out = filled((*z3.shape[:2], V), fill, z3)
+    for g, c in enumerate(counts):
+        if c:
+            out[g].index_copy_(-1, idx2[g, :c].long(), z3[g, :, :c])
+    return out
+
+
+def _compact_logits(x3, weight, bias, idx2, cnt, scale, cap):
+    CAP = idx2.shape[1]
+    if _use_triton(x3):
+        from trimpass.kernels import trimmed_head as kernel
+        return kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=cap)
+    counts = _host_counts(cnt, CAP)
+    z = _torch_logits(x3, weight, bias, idx2, counts, scale, cap)
+    return z if min(counts) == CAP else _cut(z, counts, CAP, float("-inf"))
 
 
 def mask_tail(t3: torch.Tensor, cnt: torch.Tensor, fill: float) -> torch.Tensor:
-    """``t3[G, R, CAP]`` with entries at or past each group's count replaced by ``fill``."""
+    """A new ``t3[G, R, CAP]`` with entries at or past each group's count replaced by ``fill``."""
+    if t3.device.type == "cpu":
+        return _cut(t3, _host_counts(cnt, t3.shape[-1]), t3.shape[-1], fill)
     valid = torch.arange(t3.shape[-1], device=t3.device) < cnt.reshape(-1, 1, 1)
     return torch.where(valid, t3, torch.full((), fill, dtype=t3.dtype, device=t3.device))
 
 
 def _head_compact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
-                 softcap: float = 0.0) -> torch.Tensor:
+                  idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
+                  softcap: float = 0.0) -> torch.Tensor:
     """Logits over the active ids, ``[..., CAP]``; ``-inf`` past the count."""
     G = check_head_args(x, weight, bias, idx, count)
     calls["head_compact"] += 1
@@ -142,8 +199,8 @@ def _head_compact_fake(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
 
 
 def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
-              softcap: float = 0.0) -> torch.Tensor:
+               idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
+               softcap: float = 0.0) -> torch.Tensor:
     """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
     G = check_head_args(x, weight, bias, idx, count)
     calls["head_full"] += 1
@@ -151,12 +208,13 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     V = weight.shape[0]
     if _use_triton(x3):
         from trimpass.kernels import trimmed_head as kernel
-        out = torch.full((G, x3.shape[1], V), float("-inf"), dtype=x.dtype, device=x.device)
+        out = filled((G, x3.shape[1], V), float("-inf"), x)
         kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=softcap, out=out,
                             scatter=True)
     else:
-        out = _scatter(_compact_logits(x3, weight, bias, idx2, cnt, scale, softcap), idx2, cnt, V,
-                       float("-inf"))
+        counts = _host_counts(cnt, idx2.shape[1])
+        z = _torch_logits(x3, weight, bias, idx2, counts, scale, softcap)
+        out = _place(z, idx2, counts, V, float("-inf"))
     return out.reshape(*x.shape[:-1], V)
 
 
@@ -166,16 +224,18 @@ def _head_full_fake(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
 
 
 def _scatter(c3, idx2, cnt, V, fill):
-    # Slots past the count hold stale ids: they write `fill`, and amax keeps any real value
-    # (every value is >= fill: -inf for logits, 0 for probabilities), so no sync is needed.
+    if c3.device.type == "cpu":
+        return _place(c3, idx2, _host_counts(cnt, idx2.shape[1]), V, fill)
+    # No host read on a device: slots past the count hold stale ids; they write `fill`, and amax
+    # keeps any real value (every value is >= fill: -inf for logits, 0 for probabilities).
     vals = mask_tail(c3, cnt, fill)
     cols = idx2.long().clamp(0, V - 1)[:, None, :].expand_as(vals)
-    out = vals.new_full((*vals.shape[:-1], V), fill)
+    out = filled((*vals.shape[:-1], V), fill, vals)
     return out.scatter_reduce_(-1, cols, vals, "amax", include_self=True)
 
 
 def _scatter_full(compact_values: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
-                 vocab_size: int, fill: float) -> torch.Tensor:
+                  vocab_size: int, fill: float) -> torch.Tensor:
     """Place ``compact_values[..., CAP]`` at columns ``idx`` of a ``[..., V]`` row of ``fill``."""
     calls["scatter_full"] += 1
     G = 1 if idx.dim() == 1 else idx.shape[0]
@@ -189,7 +249,7 @@ def _scatter_full_fake(compact_values, idx, count, vocab_size, fill):
 
 
 def _mask_inactive(compact_values: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
-                  fill: float) -> torch.Tensor:
+                   fill: float) -> torch.Tensor:
     """``compact_values[..., CAP]`` with slots at or past the count set to ``fill``."""
     G = 1 if idx.dim() == 1 else idx.shape[0]
     c3 = compact_values.reshape(G, -1, idx.shape[-1])
@@ -210,8 +270,8 @@ def map_ids(positions: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _head_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              idx: torch.Tensor, count: torch.Tensor, k: int, scale: float = 1.0,
-              softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               idx: torch.Tensor, count: torch.Tensor, k: int, scale: float = 1.0,
+               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``k`` logits over the active ids and their full-vocabulary ids; no V-sized tensor."""
     G = check_head_args(x, weight, bias, idx, count)
     if not 1 <= k <= idx.shape[-1]:
@@ -249,6 +309,42 @@ _SCHEMAS = {
     "mask_inactive": ("(Tensor compact_values, Tensor idx, Tensor count, float fill) -> Tensor",
                       _mask_inactive, _mask_inactive_fake),
 }
+# The dynamic vocabulary's ops. Their buffers are private to the drafter's ActiveState, found by
+# its serial (passed in, functionalization would copy the request pool every step); the one-element
+# `token` orders each step's admit before the head's read of the active ids.
+def _admit(token, ids, pos, state: int) -> None:
+    from trimpass.state import owner
+    owner(state).admit(ids, pos)
+    token.add_(1)
+
+
+def _active(token, batch: int, capacity: int, state: int):
+    from trimpass.state import owner
+    return owner(state).active(batch)
+
+
+def _active_fake(token, batch, capacity, state):
+    return (token.new_empty((batch, capacity), dtype=torch.long),
+            token.new_empty((batch,), dtype=torch.int32))
+
+
+def _refresh(token, x, weight, bias, state: int) -> None:
+    from trimpass.state import owner
+    owner(state).refresh(x, weight, bias)
+    token.add_(1)
+
+
+def _no_output(*args):
+    return None
+
+
+_SCHEMAS.update({
+    "admit": ("(Tensor(a!) token, Tensor ids, Tensor? pos, int state) -> ()", _admit, _no_output),
+    "active": ("(Tensor token, int batch, int capacity, int state) -> (Tensor, Tensor)", _active,
+               _active_fake),
+    "refresh": ("(Tensor(a!) token, Tensor x, Tensor weight, Tensor? bias, int state) -> ()",
+                _refresh, _no_output),
+})
 for _name, (_schema, _impl, _fake) in _SCHEMAS.items():
     _lib.define(_name + _schema)
     _lib.impl(_name, _impl, "CompositeExplicitAutograd")

@@ -3,15 +3,16 @@ import pytest
 import torch
 
 import trimpass
-from trimpass.spec.models import Transformer
+from trimpass import ops
+from trimpass.testing.models import Transformer
 
 V = 512
 
 
-def _pair(seed=0):
+def _pair(seed=0, vocab=V):
     torch.manual_seed(seed)
-    m = Transformer(V, tied=True).eval()
-    ref = Transformer(V, tied=True).eval()
+    m = Transformer(vocab, tied=True).eval()
+    ref = Transformer(vocab, tied=True).eval()
     ref.load_state_dict(m.state_dict())
     for t in (m, ref):
         t.setup_caches(1, 64)
@@ -35,14 +36,14 @@ def test_zero_config_backends_trim_to_the_context(backend):
         out = cm(prompt, torch.arange(7))
         ref_out = ref(prompt, torch.arange(7))
         stats = trimpass.stats(cm)
-        active = set(trimpass.active_ids(cm)[0, :stats["batch1"]["active"][0]].tolist())
+        active = set(trimpass.active_ids(cm)[0, :stats["active"][0]].tolist())
         assert set(prompt[0].tolist()) <= active  # the first refresh adds the head's top ids
         _check_step(out, ref_out, active)
         tok = out[:, -1:].argmax(-1)
         out = cm(tok, torch.tensor([7]))
         ref_out = ref(tok, torch.tensor([7]))
     assert "dynamic vocabulary" in trimpass.explain(cm)
-    n = trimpass.stats(cm)["batch1"]["active"][0]
+    n = trimpass.stats(cm)["active"][0]
     _check_step(out, ref_out, set(trimpass.active_ids(cm)[0, :n].tolist()))
 
 
@@ -55,12 +56,12 @@ def test_new_request_resets_and_two_drafters_do_not_share_state():
     with torch.no_grad():
         c1(torch.tensor([[1, 2, 3]]), torch.arange(3))
         c2(torch.tensor([[4, 5]]), torch.arange(2))
-        assert trimpass.stats(c1)["batch1"]["active"] == [3]
-        assert trimpass.stats(c2)["batch1"]["active"] == [2]
+        assert trimpass.stats(c1)["active"] == [3]
+        assert trimpass.stats(c2)["active"] == [2]
         c1(torch.tensor([[9]]), torch.tensor([0]))  # position 0: a new request
-        assert trimpass.stats(c1)["batch1"]["active"] == [1]
+        assert trimpass.stats(c1)["active"] == [1]
         trimpass.reset(c2)
-        assert trimpass.stats(c2)["batch1"]["active"] == [0]
+        assert trimpass.stats(c2)["active"] == [0]
 
 
 def test_observe_admits_the_targets_top_ids():
@@ -72,7 +73,7 @@ def test_observe_admits_the_targets_top_ids():
         target_logits = torch.full((1, 1, V), -5.0)
         target_logits[0, 0, [300, 301, 302]] = 5.0
         trimpass.observe(c, target_logits, k=3)
-        n = trimpass.stats(c)["batch1"]["active"][0]
+        n = trimpass.stats(c)["active"][0]
         assert {300, 301, 302} <= set(trimpass.active_ids(c)[0, :n].tolist())
 
 
@@ -91,7 +92,7 @@ def test_batch_of_two_rows_has_per_row_vocabularies():
 
 
 def test_zero_config_learns_its_core_from_earlier_requests():
-    from trimpass.graph.dynamic import LEARN_EVERY
+    from trimpass.state import LEARN_EVERY
     torch._dynamo.reset()
     m, ref = _pair()
     c = trimpass.trim(m, learn_core=4, capacity=64, inner="aot_eager")
@@ -100,7 +101,7 @@ def test_zero_config_learns_its_core_from_earlier_requests():
             c(torch.tensor([[100, 101, 102, 103, 200 + r % 7]]), torch.arange(5))
         out = c(torch.tensor([[300]]), torch.tensor([0]))
         ref_out = ref(torch.tensor([[300]]), torch.tensor([0]))
-    n = trimpass.stats(c)["batch1"]["active"][0]
+    n = trimpass.stats(c)["active"][0]
     active = set(trimpass.active_ids(c)[0, :n].tolist())
     assert active == {100, 101, 102, 103, 300}
     _check_step(out, ref_out, active)
@@ -116,21 +117,85 @@ class _Lookup(torch.nn.Module):
         return torch.nn.functional.linear(me.mid(me.emb(ids)), me.emb.weight)
 
 
-def test_each_batch_size_gets_its_own_rows():
+def test_rows_follow_requests_when_the_batch_size_changes():
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = _Lookup().eval()
     c = torch.compile(m, backend=trimpass.backend(learn_core=0, inner="aot_eager"))
+    seen = {}
     with torch.no_grad():
         for B in (2, 1, 3, 4):  # 1 is specialized by Dynamo, then 3 and 4 would share a
             ids = torch.arange(2 * B).view(B, 2) + 100 * B  # symbolic batch: the pass pins it
-            out = c(ids)
+            out = c(ids)  # no position input: every batch position goes on with its request
             for r in range(B):
+                seen[r] = seen.get(r, set()) | set(ids[r].tolist())
                 fin = torch.isfinite(out[r, -1])
-                assert set(fin.nonzero().flatten().tolist()) == set(ids[r].tolist())
+                assert set(fin.nonzero().flatten().tolist()) == seen[r]
                 assert torch.allclose(out[r, -1, fin], m(ids)[r, -1, fin], atol=1e-5)
-    st = trimpass.stats(c)
-    assert [st[f"batch{B}"]["active"] for B in (1, 2, 3, 4)] == [[2], [2] * 2, [2] * 3, [2] * 4]
+    assert trimpass.stats(c)["active"] == [len(seen[r]) for r in range(4)]
+    trimpass.reset(c)  # a new request in every row
+    with torch.no_grad():
+        out = c(torch.tensor([[7, 8]]))
+    assert set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist()) == {7, 8}
+
+
+def _finite(out):
+    return set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist())
+
+
+@pytest.mark.parametrize("shared_backend", [False, True])
+def test_two_instances_of_one_class_have_their_own_state(shared_backend):
+    torch._dynamo.reset()
+    a, _ = _pair(1, vocab=2048)  # above the zero-config learned core (the lowest 1,024 ids)
+    b, _ = _pair(2, vocab=2048)
+    be = trimpass.backend(learn_core=0) if shared_backend else trimpass
+    ca, cb = torch.compile(a, backend=be), torch.compile(b, backend=be)
+    calls = ops.calls["head_full"]
+    with torch.no_grad():
+        oa = ca(torch.tensor([[1101, 1102, 1103]]), torch.arange(3))
+        ob = cb(torch.tensor([[1107, 1108]]), torch.arange(2))  # same shapes: Dynamo would share
+        assert ops.calls["head_full"] - calls == 2, "a trimmed head did not run"
+        oa = ca(torch.tensor([[1300]]), torch.tensor([3]))
+        ob = cb(torch.tensor([[1400]]), torch.tensor([2]))
+    high_a, high_b = {i for i in _finite(oa) if i >= 1024}, {i for i in _finite(ob) if i >= 1024}
+    assert high_a == {1101, 1102, 1103, 1300} and high_b == {1107, 1108, 1400}
+    assert trimpass.stats(ca)["calls"] == trimpass.stats(cb)["calls"] == 2
+
+    def active(c):
+        return set(trimpass.active_ids(c)[0, :trimpass.stats(c)["active"][0]].tolist())
+
+    trimpass.observe(cb, torch.tensor([[1450]]))
+    assert 1450 in active(cb) and 1450 not in active(ca)
+    trimpass.reset(ca)  # zero-config re-ranks a's learned core: from a's traffic only
+    assert not active(ca) & {1107, 1108, 1400, 1450} and not active(cb) & {1101, 1300}
+    assert 1400 in active(cb)
+
+
+def test_two_truncated_drafters_sharing_weights_have_their_own_state():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    a = _Lookup().eval()
+    b = _Lookup().eval()
+    b.emb = a.emb  # one embedding and tied head, as two truncations of one model share
+    ca = trimpass.trim(a, learn_core=0, inner="aot_eager")
+    cb = trimpass.trim(b, learn_core=0, inner="aot_eager")
+    with torch.no_grad():
+        oa, ob = ca(torch.tensor([[11, 12]])), cb(torch.tensor([[21, 22]]))
+        oa2 = ca(torch.tensor([[13, 11]]))
+    assert _finite(oa) == {11, 12} and _finite(ob) == {21, 22}
+    assert _finite(oa2) == {11, 12, 13}
+    assert trimpass.stats(ca)["active"] == [3] and trimpass.stats(cb)["active"] == [2]
+
+
+def test_reset_before_the_first_call_is_a_no_op():
+    torch._dynamo.reset()
+    m, _ = _pair()
+    c = trimpass.trim(m)
+    trimpass.reset(c)  # a loop that resets at the start of every request, first request
+    with torch.no_grad():
+        c(torch.tensor([[5]]), torch.tensor([0]))
+    trimpass.reset(c)
+    assert trimpass.stats(c)["calls"] == 1
 
 
 def test_successors_of_a_received_id_are_active_and_exact():
@@ -141,7 +206,7 @@ def test_successors_of_a_received_id_are_active_and_exact():
         c(torch.tensor([[40, 41, 42, 40, 43]]), torch.arange(5))  # 40 was followed by 41 and 43
         out = c(torch.tensor([[40]]), torch.tensor([0]))  # a new request sends 40 alone
         ref_out = ref(torch.tensor([[40]]), torch.tensor([0]))
-    n = trimpass.stats(c)["batch1"]["active"][0]
+    n = trimpass.stats(c)["active"][0]
     active = set(trimpass.active_ids(c)[0, :n].tolist())
     assert active == {40, 41, 43}
     _check_step(out, ref_out, active)

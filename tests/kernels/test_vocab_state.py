@@ -1,39 +1,48 @@
 """The Triton admission kernel against its torch reference (differential, under the interpreter)."""
 import pytest
 import torch
+from trimpass.kernels.vocab_state import admit, admit_reference, find
 
-from trimpass.kernels.vocab_state import admit, admit_reference
 
-
-def _fresh(B, V, cap, core=()):
+def _pool(R, cap, core=()):
     n = len(core)
-    b = dict(slot=torch.full((B, V + 1), -1, dtype=torch.int32),
-             idx=torch.zeros((B, cap + 1), dtype=torch.long),
-             stamp=torch.full((B, cap + 1), -1, dtype=torch.long),
-             count=torch.full((B,), n, dtype=torch.int32),
+    b = dict(idx=torch.zeros((R, cap + 1), dtype=torch.long),
+             stamp=torch.full((R, cap + 1), -1, dtype=torch.long),
+             count=torch.full((R,), n, dtype=torch.int32),
              clock=torch.zeros(1, dtype=torch.long))
     if n:
         b["idx"][:, :n] = torch.tensor(core)
-        b["slot"][:, list(core)] = torch.arange(n, dtype=torch.int32)
     return b
 
 
-@pytest.mark.parametrize("B,V,cap,S,core", [(1, 97, 16, 1, ()), (3, 211, 20, 5, (0, 7)),
-                                            (2, 60, 8, 13, (3,)), (4, 1000, 64, 33, ())])
-def test_kernel_matches_reference_over_many_steps(B, V, cap, S, core):
+def _live(b, row):
+    return b["idx"][row, :int(b["count"][row])]
+
+
+@pytest.mark.parametrize("B,R,V,cap,S,core", [(1, 1, 97, 16, 1, ()), (3, 5, 211, 20, 5, (0, 7)),
+                                              (2, 3, 60, 8, 13, (3,)), (4, 6, 1000, 64, 33, ())])
+def test_kernel_matches_reference_over_many_steps(B, R, V, cap, S, core, monkeypatch):
+    from trimpass.kernels import vocab_state
+    monkeypatch.setattr(vocab_state, "SEARCH_C", 16)  # several steps of the kernel's row search
     g = torch.Generator().manual_seed(B * 1000 + S)
-    k, r = _fresh(B, V, cap, core), _fresh(B, V, cap, core)
+    k, r = _pool(R, cap, core), _pool(R, cap, core)
+    rows = torch.randperm(R, generator=g)[:B]  # batch positions bound to scattered pool rows
     for step in range(40):
         ids = torch.randint(0, V // (1 + step % 3), (B, S), generator=g)  # repeats and evictions
         for bufs, fn in ((k, admit), (r, admit_reference)):
             bufs["clock"].add_(1)
-            fn(bufs["slot"], bufs["idx"], bufs["stamp"], bufs["count"], bufs["clock"], ids,
-               len(core))
-        for name in ("slot", "count", "stamp"):
-            assert torch.equal(k[name][:, :-1] if name != "count" else k[name],
-                               r[name][:, :-1] if name != "count" else r[name]), \
-                f"step {step}: {name} differs"
-        n = k["count"]
-        for row in range(B):
-            assert torch.equal(k["idx"][row, :n[row]], r["idx"][row, :n[row]])
-    assert int(k["count"].min()) == cap, "the test never reached eviction"
+            fn(bufs["idx"], bufs["stamp"], bufs["count"], bufs["clock"], rows, ids, len(core))
+        assert torch.equal(k["count"], r["count"]), f"step {step}: count differs"
+        assert torch.equal(k["stamp"][:, :-1], r["stamp"][:, :-1]), f"step {step}: stamp differs"
+        for row in range(R):
+            assert torch.equal(_live(k, row), _live(r, row)), f"step {step}: row {row} differs"
+            assert _live(k, row).unique().numel() == int(k["count"][row]), "an id holds two slots"
+    assert int(k["count"][rows].min()) == cap, "the test never reached eviction"
+    unbound = sorted(set(range(R)) - set(rows.tolist()))
+    assert all(int(k["count"][u]) == len(core) for u in unbound), "an unbound row was written"
+
+
+def test_find_locates_live_slots_only():
+    row = torch.tensor([[5, 9, 2, 7, 0]])
+    got = find(row, torch.tensor([3]), torch.tensor([[2, 7, 5, 4, 9]]), chunk=2)
+    assert got.tolist() == [[2, -1, 0, -1, 1]]  # 7 sits past the count: not active

@@ -1,26 +1,35 @@
 """The pass: a pure ``GraphModule -> GraphModule`` function that splices the trimmed-head ops in.
 
-The input graph is copied, never edited. Each matched head becomes ``head_compact`` over the active
-ids; its epilogue (temperature, soft-capping, casts, leading-axis indexing, softmax) then runs on the
-compact logits, and only at the exits does a V-sized tensor appear again: ``scatter_full`` into the
-graph's output (``-inf`` for logits and log-probabilities, 0 for probabilities), or ``argmax`` /
-``topk`` over the compact logits with positions mapped back to full-vocabulary ids. Slots past the
-device-side count are masked before any reduction, so an inactive id never wins and never becomes
-finite. A head whose logits go straight to the output uses the fused ``head_full`` kernel. The ids
-come from an :class:`Index` provider (static buffers, or the dynamic state's ops).
+The input graph is copied, never edited. Each matched head becomes ``head_compact`` over the
+active ids; its epilogue (temperature, soft-capping, casts, leading-axis indexing, softmax) then
+runs on the compact logits, and only at the exits does a V-sized tensor appear again:
+``scatter_full`` into the graph's output (``-inf`` for logits and log-probabilities, 0 for
+probabilities), or ``argmax`` / ``topk`` over the compact logits with positions mapped back to
+full-vocabulary ids. Slots past the device-side count are masked before any reduction, so an
+inactive id never wins and never becomes finite. A head whose logits go straight to the output
+uses the fused ``head_full`` kernel. The ids come from an :class:`~trimpass.graph.index.Index`
+provider (a static list, or the dynamic state's ops).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
 from trimpass import ops
-import operator
-
-from trimpass.graph.match import (ARGMAX, CASTS, SOFTMAX, STACK, TOPK, Match, _target,
-                                  find_heads, tensor_of)
+from trimpass.graph.index import Index, StaticIndex
+from trimpass.graph.match import (
+    ARGMAX,
+    CASTS,
+    SOFTMAX,
+    STACK,
+    Match,
+    _target,
+    find_heads,
+    tensor_of,
+)
 
 NEG_INF = float("-inf")
 KEEPS_INF = CASTS | STACK | {operator.getitem}  # ops under which a -inf slot stays -inf
@@ -75,24 +84,20 @@ def _erase_if_dead(graph: fx.Graph, nodes) -> None:
             graph.erase_node(n)
 
 
-def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inputs=None) -> None:
-    """Rewrite ``gm`` in place along match ``m``; ``index.nodes(...)`` gives the (idx, count) nodes."""
+def _replace_heads(gm: fx.GraphModule, m: Match, index: Index, idx, count, output: str,
+                   kinds: dict) -> dict:
+    """Step 1: each head becomes ``head_full`` (its logits go straight out) or ``head_compact``;
+    return the compact logits nodes, whose slots past the count are already -inf."""
     graph = gm.graph
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    w = tensor_of(m.heads[0].weight, gm, example_inputs)
-    idx, count = index.nodes(gm, first, m, w.device)
-    V = m.vocab_size
     out_node = next(n for n in graph.nodes if n.op == "output")
-    clean = {}  # logits node -> its slots past the count are already -inf
-    kinds = dict(m.kinds)
+    clean = {}
     for h in m.heads:
         w = _ref_node(graph, h.weight, h.node)
         if h.stored_t:
             with graph.inserting_before(h.node):
                 w = graph.call_function(torch.t, (w,))
         b = _ref_node(graph, h.bias, h.node)
-        if hasattr(index, "before_head"):
-            index.before_head(graph, h, w, b)
+        index.before_head(graph, h, w, b)
         direct = output == "full" and set(h.node.users) == {out_node}
         op = ops.head_full.default if direct else ops.head_compact.default
         with graph.inserting_before(h.node):
@@ -105,7 +110,13 @@ def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inp
         if not direct:
             kinds[new] = "logit"
             clean[new] = True
-    for n in m.chain:  # which logits still hold -inf past the count; mask before softmax
+    return clean
+
+
+def _mask_before_softmax(graph: fx.Graph, m: Match, idx, count, kinds: dict, clean: dict) -> None:
+    """Step 2: follow which epilogue values still hold -inf past the count; mask before any
+    softmax whose input might not."""
+    for n in m.chain:
         if n in clean or n.graph is not graph:
             continue
         if _target(n) in SOFTMAX:
@@ -119,6 +130,10 @@ def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inp
         else:
             clean[n] = _target(n) in KEEPS_INF and all(
                 clean.get(a) for a in n.all_input_nodes if a in kinds)
+
+
+def _rewrite_sinks(graph: fx.Graph, m: Match, idx, count, clean: dict) -> None:
+    """Step 3: ``argmax`` / ``topk`` over compact values, positions mapped back to vocab ids."""
     for s in m.sinks:
         src = s.args[0]
         with graph.inserting_before(s):
@@ -128,12 +143,17 @@ def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inp
                 keepdim = s.kwargs.get("keepdim", s.args[2] if len(s.args) > 2 else False)
                 new = graph.call_function(_argmax_ids, (src, idx, keepdim))
             else:
-                assert _target(s) in TOPK
                 k = s.args[1] if len(s.args) > 1 else s.kwargs["k"]
                 sorted_ = s.kwargs.get("sorted", s.args[4] if len(s.args) > 4 else True)
                 new = graph.call_function(_topk_ids, (src, idx, k, sorted_))
         s.replace_all_uses_with(new)
         graph.erase_node(s)
+
+
+def _rewrite_exits(graph: fx.Graph, V: int, idx, count, output: str, kinds: dict) -> None:
+    """Step 4: compact values leaving the graph become V-sized again (``output="full"``) or are
+    masked past the count (``"compact"``)."""
+    out_node = next(n for n in graph.nodes if n.op == "output")
 
     def exit_value(a):
         if not isinstance(a, fx.Node) or a not in kinds or a.graph is not graph:
@@ -145,22 +165,21 @@ def apply(gm: fx.GraphModule, m: Match, index, output: str = "full", example_inp
             return graph.call_function(ops.mask_inactive.default, (a, idx, count, fill))
 
     out_node.args = fx.node.map_aggregate(out_node.args, exit_value)
-    graph.lint()
+
+
+def apply(gm: fx.GraphModule, m: Match, index: Index, output: str = "full",
+          example_inputs=None) -> None:
+    """Rewrite ``gm`` in place along match ``m``, step by step."""
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    w = tensor_of(m.heads[0].weight, gm, example_inputs)
+    idx, count = index.nodes(gm, first, m, w.device)
+    kinds = dict(m.kinds)
+    clean = _replace_heads(gm, m, index, idx, count, output, kinds)
+    _mask_before_softmax(gm.graph, m, idx, count, kinds, clean)
+    _rewrite_sinks(gm.graph, m, idx, count, clean)
+    _rewrite_exits(gm.graph, m.vocab_size, idx, count, output, kinds)
+    gm.graph.lint()
     gm.recompile()
-
-
-class StaticIndex:
-    """A fixed vocabulary: ``idx``/``count`` registered as buffers of the rewritten module."""
-
-    def __init__(self, config):
-        self.config = config
-
-    def nodes(self, gm, before, m: Match, device):
-        idx, count = self.config.static_index(m.vocab_size, device)
-        gm.register_buffer("_trimpass_idx", idx)
-        gm.register_buffer("_trimpass_count", count)
-        with gm.graph.inserting_before(before):
-            return gm.graph.get_attr("_trimpass_idx"), gm.graph.get_attr("_trimpass_count")
 
 
 def rewrite(gm: fx.GraphModule, config, example_inputs=None, index=None) -> fx.GraphModule:
@@ -169,12 +188,11 @@ def rewrite(gm: fx.GraphModule, config, example_inputs=None, index=None) -> fx.G
     new = copy_graph_module(gm)
     m = find_heads(new, example_inputs, config.vocab_size)
     report = Report(m.vocab_size, skipped=list(m.skipped))
-    index = index or StaticIndex(config)
+    index = index or StaticIndex(config.settings)
     if not m.heads:
         report.note = ("no LM head found: a [V, d] projection whose output reaches the graph's "
                        "output" if not m.skipped else "every candidate head was skipped")
-        if hasattr(index, "admit_only") and m.embeddings:  # a piece without the head still admits
-            index.admit_only(new, m)
+        if m.embeddings and index.admit_only(new, m):  # a piece without the head still admits
             report.note += "; " + index.note
             new.meta["trimpass"] = report
             return new
@@ -182,6 +200,6 @@ def rewrite(gm: fx.GraphModule, config, example_inputs=None, index=None) -> fx.G
         return gm
     apply(new, m, index, config.output, example_inputs)
     report.rewritten = [h.name for h in m.heads]
-    report.note = getattr(index, "note", "")
+    report.note = index.note
     new.meta["trimpass"] = report
     return new
