@@ -101,13 +101,28 @@ def find(row_ids: torch.Tensor, count: torch.Tensor, ids: torch.Tensor, chunk: i
     return torch.cat(out, 1) if out else ids.new_empty(ids.shape)
 
 
-def admit_reference(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
-    """Pure-torch admission with the kernel's semantics: static shapes, no host sync."""
+def take(t: torch.Tensor, rows) -> torch.Tensor:
+    """``t``'s rows: a view for a ``slice`` (written in place), a copy for an index tensor."""
+    return t[rows] if isinstance(rows, slice) else t.index_select(0, rows)
+
+
+def put(t: torch.Tensor, rows, value: torch.Tensor) -> None:
+    """Write ``value`` back into ``t``'s rows (nothing to do for a view :func:`take` gave)."""
+    if not isinstance(rows, slice):
+        t.index_copy_(0, rows, value)
+    elif value.data_ptr() != t[rows].data_ptr():
+        t[rows] = value
+
+
+def admit_reference(idx, stamp, count, clock, rows, ids, n_core: int, evict: bool = True) -> None:
+    """Pure-torch admission with the kernel's semantics: static shapes, no host sync. ``rows`` may
+    also be a ``slice`` of the pool (admitted in place); ``evict=False`` is for callers that know
+    every new id fits in a free slot (it skips the eviction scan)."""
     B, S = ids.shape
     cap = idx.shape[1] - 1
     if S == 0:
         return
-    I, T, C = idx[rows], stamp[rows], count[rows]  # noqa: E741 - the pool's rows of this batch
+    I, T, C = take(idx, rows), take(stamp, rows), take(count, rows)  # noqa: E741
     now = clock.expand(B, S)
     sids, _ = ids.sort(dim=1)
     first = torch.ones_like(sids, dtype=torch.bool)
@@ -119,17 +134,21 @@ def admit_reference(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
     count64 = C.long()[:, None]
     free_pos = count64 + rank
     use_free = free_pos < cap
-    slots = torch.arange(cap, device=idx.device)
-    elig = (slots >= n_core) & (slots < count64) & (T[:, :cap] != clock)
-    key = torch.where(elig, T[:, :cap] * (cap + 1) + slots, INT64_MAX)
-    k_ev = min(S, cap)
-    ev_key = key.topk(k_ev, dim=1, largest=False).values  # ascending
-    ev_raw = rank - (cap - count64)
-    ekey = ev_key.gather(1, ev_raw.clamp(0, k_ev - 1))
-    ev_ok = (ekey != INT64_MAX) & (ev_raw < k_ev)
-    ok = new & (use_free | ev_ok)
-    target = torch.where(ok, torch.where(use_free, free_pos, ekey % (cap + 1)), cap)
+    if evict:
+        slots = torch.arange(cap, device=idx.device)
+        elig = (slots >= n_core) & (slots < count64) & (T[:, :cap] != clock)
+        key = torch.where(elig, T[:, :cap] * (cap + 1) + slots, INT64_MAX)
+        k_ev = min(S, cap)
+        ev_key = key.topk(k_ev, dim=1, largest=False).values  # ascending
+        ev_raw = rank - (cap - count64)
+        ekey = ev_key.gather(1, ev_raw.clamp(0, k_ev - 1))
+        ok = new & (use_free | ((ekey != INT64_MAX) & (ev_raw < k_ev)))
+        target = torch.where(ok, torch.where(use_free, free_pos, ekey % (cap + 1)), cap)
+    else:
+        ok = new & use_free
+        target = torch.where(ok, free_pos, cap)
     I.scatter_(1, target, torch.where(ok, sids, I.gather(1, target)))
     T.scatter_(1, target, now)
-    idx[rows], stamp[rows] = I, T
-    count[rows] = C + (ok & use_free).sum(1).to(count.dtype)
+    put(idx, rows, I)
+    put(stamp, rows, T)
+    put(count, rows, C + (ok & use_free).sum(1).to(count.dtype))

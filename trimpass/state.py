@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass
 
 import torch
 
 from trimpass.kernels import vocab_state
+from trimpass.kernels.vocab_state import put, take
 
 LEARN_EVERY = 32  # calls between re-rankings of the learned core: a top-k over V each time
 _states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -46,13 +46,6 @@ def owner(serial: int) -> ActiveState:
                            "was freed); recompile the drafter") from None
 
 
-@dataclass
-class RowStats:
-    """What :func:`trimpass.stats` reports for one batch position (see README, "stats")."""
-    row: int
-    active: int
-
-
 class ActiveState:
     """One drafter's request rows, learned core and successor memory, on the head's device."""
 
@@ -64,7 +57,8 @@ class ActiveState:
         self.batch = 0  # the batch size of the latest call (host-side, for stats)
         self.calls = 0
         self.requests: dict = {}  # engine request id -> row
-        self._steps = self._refreshes = 0  # host-side schedules: learned core's ranking, refresh
+        self._steps = self._refreshes = 0  # host schedules: the learned core's ranking, refresh
+        self._identity = True  # batch position b uses row b (until an engine binds requests)
 
     # ---- construction -------------------------------------------------------------------------
     def core_ids(self) -> torch.Tensor:
@@ -109,8 +103,10 @@ class ActiveState:
                              f"pool has {self.settings.max_rows}; pass max_rows={B} or more")
 
     # ---- the step (called by the ops) ---------------------------------------------------------
-    def rows_of(self, B: int) -> torch.Tensor:
-        return self.bound[:B]
+    def rows_of(self, B: int):
+        """The pool rows of batch positions ``0..B-1``: a ``slice`` while no engine has bound
+        requests (rows are then read and written in place), else an index tensor."""
+        return slice(0, B) if self._identity else self.bound[:B]
 
     def admit(self, ids: torch.Tensor, pos: torch.Tensor | None, learn: bool = True,
               rows: torch.Tensor | None = None) -> None:
@@ -140,35 +136,39 @@ class ActiveState:
         self.clock.add_(1)
         admit = vocab_state.admit if kernel and ids.shape[1] <= vocab_state.MAX_S \
             else vocab_state.admit_reference
-        admit(self.idx, self.stamp, self.count, self.clock, rows, ids, self.n_core)
+        if admit is vocab_state.admit:
+            admit(self.idx, self.stamp, self.count, self.clock,
+                  self.bound[rows] if isinstance(rows, slice) else rows, ids, self.n_core)
+        else:  # on the CPU path, skip the eviction scan when every new id fits (a host read)
+            evict = not host or int(take(self.count, rows).max()) + ids.shape[1] > \
+                self.settings.capacity
+            admit(self.idx, self.stamp, self.count, self.clock, rows, ids, self.n_core, evict)
         if learn and self.learned.numel():
             self.learn(ids)
 
     def _restart(self, rows: torch.Tensor, fresh: torch.Tensor) -> None:
         """Rows whose batch position starts a new request drop their ids (O(cap), not O(V)) and
         take the current learned core."""
-        cap, n_core, B = self.settings.capacity, self.n_core, rows.shape[0]
+        cap, n_core, B = self.settings.capacity, self.n_core, fresh.shape[0]
         lo = n_core - self.learned.numel()
-        idx = self.idx[rows]
+        idx = take(self.idx, rows)
         idx[:, lo:n_core] = torch.where(fresh, self.learned.expand(B, -1), idx[:, lo:n_core])
-        self.idx[rows] = idx
-        self.count[rows] = torch.where(fresh[:, 0], n_core, self.count[rows])
-        old = self.stamp[rows]
-        self.stamp[rows] = old.masked_fill(fresh & (torch.arange(cap + 1, device=old.device)
-                                                    >= n_core), -1)
-        self.last[rows] = torch.where(fresh[:, 0], -1, self.last[rows])
+        put(self.idx, rows, idx)
+        put(self.count, rows, torch.where(fresh[:, 0], n_core, take(self.count, rows)))
+        stale = fresh & (torch.arange(cap + 1, device=fresh.device) >= n_core)
+        put(self.stamp, rows, take(self.stamp, rows).masked_fill(stale, -1))
+        put(self.last, rows, torch.where(fresh[:, 0], -1, take(self.last, rows)))
 
     def active(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(idx[B, CAP], count[B])`` of batch positions ``0..B-1``: what the head reads."""
-        rows = self.rows_of(B)
-        return self.idx[rows, :-1], self.count[rows]
+        rows = self.rows_of(B)  # copies: inductor may reuse an op's output buffer
+        return take(self.idx, rows)[:, :-1].clone(), take(self.count, rows).clone()
 
     def learn(self, ids: torch.Tensor) -> None:
         """Count received ids; every ``LEARN_EVERY``-th call re-rank the learned core. Scheduled on
         the host: inside a CUDA-graph capture the counting goes on, the ranking does not."""
         flat = ids.reshape(-1)
-        self.freq.index_put_((flat,), torch.ones_like(flat, dtype=self.freq.dtype),
-                             accumulate=True)
+        self.freq.index_add_(0, flat, torch.ones_like(flat, dtype=self.freq.dtype))
         self._steps += 1
         if self._steps % LEARN_EVERY == 0 and not _capturing(self.freq):
             self.rank()
@@ -183,7 +183,7 @@ class ActiveState:
         for every received id, the ids that followed it before: ``[B, S*K]`` (the id itself where
         there are fewer than K). Static shapes, no host read."""
         B, (V1, K) = ids.shape[0], self.succ.shape
-        seq = torch.cat([self.last[rows][:, None], ids], 1)
+        seq = torch.cat([take(self.last, rows)[:, None], ids], 1)
         a, b = seq[:, :-1].reshape(-1), seq[:, 1:].reshape(-1)
         a = torch.where(a < 0, V1 - 1, a)  # no previous id: the scratch row
         P, ar = a.numel(), torch.arange(a.numel(), device=a.device)
@@ -199,7 +199,7 @@ class ActiveState:
         pick = torch.argsort(dup.to(torch.int8), dim=1, stable=True)[:, :K]
         got_rows = torch.where(dup.gather(1, pick), -1, cand.gather(1, pick))
         self.succ[a] = got_rows.to(self.succ.dtype)  # every pair of a group writes the same row
-        self.last[rows] = ids[:, -1]
+        put(self.last, rows, ids[:, -1].clone())
         got = self.succ[ids].long()  # [B, S, K]
         return torch.where(got < 0, ids[..., None], got).reshape(B, -1)
 
@@ -227,9 +227,8 @@ class ActiveState:
         if self.V is None:
             return
         self.rank()
-        self._restart(torch.arange(self.settings.max_rows, device=self.idx.device),
-                      torch.ones(self.settings.max_rows, 1, dtype=torch.bool,
-                                 device=self.idx.device))
+        R = self.settings.max_rows
+        self._restart(slice(0, R), torch.ones(R, 1, dtype=torch.bool, device=self.idx.device))
 
     def bind(self, request_ids: list, tokens: dict | None = None) -> None:
         """Engines: batch position ``i`` serves ``request_ids[i]``. A request id seen for the first
@@ -244,6 +243,7 @@ class ActiveState:
         for rid, row in zip(new, free[:len(new)], strict=True):
             self.requests[rid] = row
         rows = [self.requests[r] for r in request_ids]
+        self._identity = False
         self.bound[:len(rows)] = torch.tensor(rows, device=self.bound.device)
         if new:
             at = torch.tensor([request_ids.index(r) for r in new])
