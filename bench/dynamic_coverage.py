@@ -59,7 +59,7 @@ class Probe(torch.nn.Module):
 
 def target_top3(docs, k: int = 3):
     """The real Gemma-3-270M's top-k for every body token of every doc (None: no context)."""
-    from trimpass.spec import gemma
+    from trimpass.hf import gemma
     model = gemma.load_model()
     out = []
     for ctx, body in progress(docs, desc="target"):
@@ -84,15 +84,16 @@ def dynamic(docs, V: int, capacity: int, core=None, tops=None, warm=(), **config
     for k, (ctx, body) in enumerate(docs):
         first = ctx if len(ctx) else body[:1]
         step(torch.from_numpy(first)[None], torch.arange(len(first)))
-        b, pos, start = be.state.rows[1], len(first), 0 if len(ctx) else 1
+        pos, start = len(first), 0 if len(ctx) else 1
         for i in range(start, len(body)):
             if i > start:
                 step(torch.tensor([[int(body[i - 1])]]), torch.tensor([pos]))
                 pos += 1
             if tops is not None and i >= 1:  # the target's top-3 at the last verified position
                 trimpass.observe(step, tops[k][i - 1].view(1, -1))
-            hits += int(b["slot"][0, int(body[i])]) >= 0
-            sizes += int(b["count"][0])
+            active, n = trimpass.active_ids(step)[0], trimpass.stats(step)["active"][0]
+            hits += bool((active[:n] == int(body[i])).any())  # in the set the head just read
+            sizes += n
             steps += 1
     return hits / steps, sizes / steps
 
@@ -103,7 +104,7 @@ def plot(res: dict, tokenizer: str, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(res), figsize=(4 * len(res), 4.6), dpi=110, sharey=True)
-    for ax, (spec, r) in zip(np.atleast_1d(axes), res.items()):
+    for ax, (spec, r) in zip(np.atleast_1d(axes), res.items(), strict=True):
         ks = sorted(r["static"], key=int)  # int keys, or str keys read back from the JSON
         ax.plot([int(k) for k in ks], [r["static"][k] for k in ks], "o-", label="static top-K")
         for name, (cov, size) in r["dynamic"].items():

@@ -1,4 +1,4 @@
-"""How often the dynamically trimmed real Gemma-3-270M drafter picks the full-vocabulary greedy token.
+"""How often the dynamically trimmed real Gemma-3-270M picks the full-vocabulary greedy token.
 
 Each held-out ShareGPT prompt is put in Gemma's turn format. ``--stream generated`` (default): the
 full model answers greedily (the reference); ``--stream assistant``: the real assistant reply is the
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 import trimpass
+from trimpass.hf import gemma
 from trimpass.progress import progress
 from trimpass.select.corpora import held_out, read
-from trimpass.spec import gemma
 
 VARIANTS = {
     "context": dict(learn_core=0),
@@ -74,7 +74,7 @@ def reference(model, ids, reply, stream: str):
     return torch.tensor(reply), logits[len(ids) - 1:len(ids) - 1 + steps]
 
 
-def drive(cm, be, model, ids, seq, scores, observe: int):
+def drive(cm, model, ids, seq, scores, observe: int):
     from transformers import DynamicCache
     cache = DynamicCache(config=model.config)
     agree, covered, active = [], [], []
@@ -85,10 +85,10 @@ def drive(cm, be, model, ids, seq, scores, observe: int):
             trimpass.observe(cm, scores[i - 1][None], observe)
         logits = cm(input_ids=x, position_ids=pos, past_key_values=cache,
                     use_cache=True).logits[0, -1]
-        b = be.state.rows[1]
+        ids_now, n = trimpass.active_ids(cm)[0], trimpass.stats(cm)["active"][0]
         agree.append(int(logits.argmax()) == int(scores[i].argmax()))
-        covered.append(int(b["slot"][0, seq[i]]) >= 0)
-        active.append(int(b["count"][0]))
+        covered.append(bool((ids_now[:n] == seq[i]).any()))  # in the set the head just read
+        active.append(n)
         x = seq[i].view(1, 1)
         pos = pos[:, -1:] + 1
     return agree, covered, active
@@ -132,8 +132,8 @@ def main():
         be = trimpass.backend(**cfg, inner="aot_eager")
         cm = torch.compile(model, backend=be)
         agree, covered, active = [], [], []
-        for p, (seq, sc) in progress(list(zip(ps, refs)), desc=name):
-            g, c, s = drive(cm, be, model, p, seq, sc, obs)
+        for p, (seq, sc) in progress(list(zip(ps, refs, strict=True)), desc=name):
+            g, c, s = drive(cm, model, p, seq, sc, obs)
             agree, covered, active = agree + g, covered + c, active + s
         every = cfg.get("refresh_every", 0)
         amortized = float(np.mean(active)) + (V / every if every else 0.0)

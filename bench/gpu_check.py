@@ -133,7 +133,7 @@ def state_section() -> list[dict]:
 def e2e_section() -> list[dict]:
     """Draft step of an EAGLE-shaped drafter for Llama-3-8B, trimmed vs not (random weights)."""
     import trimpass
-    from trimpass.spec.models import EagleDrafter
+    from trimpass.testing.models import EagleDrafter
     if DEVICE == "cuda":
         V, d, heads, ffn, mode, inner = 128_256, 4_096, 32, 14_336, "reduce-overhead", "inductor"
     else:

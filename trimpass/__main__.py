@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+from trimpass.shapes import HEADS
+
 
 def _demo(args) -> int:
     from trimpass.demo import main as demo
@@ -14,11 +16,11 @@ def _demo(args) -> int:
 def _bench(args) -> int:
     import torch
 
-    from trimpass.headbench import SHAPES, format_table, time_head
+    from trimpass.headbench import format_table, time_head
     from trimpass.progress import progress
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes = args.shape or list(SHAPES)
+    shapes = args.shape or list(HEADS)
     cases = [(s, K, M) for s in shapes for K in args.k for M in args.m]
     rows = [time_head(s, K, M, device=device) for s, K, M in progress(cases, desc="timing")]
     print(format_table(rows))
@@ -33,7 +35,8 @@ def _select(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"chosen K = {r['K']:,} of {r['head_vocab_size']:,} (alpha={r['alpha']}, "
-          f"min coverage {r['min_coverage']}, {r['trials']} TPE trials, cost model {r['cost_model']})")
+          f"min coverage {r['min_coverage']}, {r['trials']} TPE trials, "
+          f"cost model {r['cost_model']})")
     for name, cov in {**r["heldout_coverage"], **r["eval_coverage"]}.items():
         print(f"  held-out coverage on {name}: {cov:.4f}")
     print(f"  predicted latency reduction: {100 * r['predicted_reduction']:.1f}%")
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("bench", help="time full vs trimmed vs pre-gathered heads, as ratios",
                        description="Side-by-side head timings on real drafters' shapes.")
-    b.add_argument("--shape", nargs="+", help="gemma3-270m, qwen2.5-0.5b, eagle-llama3-8b")
+    b.add_argument("--shape", nargs="+", help="gemma3-270m, qwen2.5-0.5b, eagle-llama3-8b",
+                   choices=sorted(HEADS))
     b.add_argument("--k", type=int, nargs="+", default=[1000, 3000, 8000, 32000])
     b.add_argument("--m", type=int, nargs="+", default=[1, 8, 64])
     b.set_defaults(fn=_bench)

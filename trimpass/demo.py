@@ -10,14 +10,19 @@ If the model package is missing, a small random-weight Gemma-3 stands in, and th
 """
 from __future__ import annotations
 
+import copy
+import functools
+import itertools
 import os
 import statistics
 
 import torch
 
 import trimpass
-from trimpass.spec import assisted
-from trimpass.spec import gemma as G
+from trimpass import measure
+from trimpass.hf import assisted
+from trimpass.hf import gemma as G
+from trimpass.testing.checks import head_ops
 
 
 def _model():
@@ -52,48 +57,32 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return out
 
 
-def _median_ms(fn, reps: int) -> float:
-    """Median wall ms of ``fn(i)`` over ``reps`` calls (CUDA work waited for)."""
-    import time
-    ts = []
-    for i in range(reps):
-        assisted.sync()
-        t0 = time.perf_counter()
-        fn(i)
-        assisted.sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+def _state_ms(draft, device, reps: int = 256) -> float:
+    """Median ms of one step's state update: what the graph's ``admit`` op runs for one new id
+    (its successors if configured, admission into the batch-1 row, counting it for the learned
+    core, and every ``LEARN_EVERY`` calls the learned core's re-ranking), timed over runs of
+    ``LEARN_EVERY`` calls so the re-ranking is amortized exactly, on a copy of the state."""
+    from trimpass.state import LEARN_EVERY
+    st = copy.deepcopy(trimpass._state(draft, "demo"))  # the drafter's own state stays untouched
+    ids = torch.randint(0, st.V, (reps, 1, 1), device=st.idx.device)
+    turn = itertools.cycle(range(reps))  # a different random id at each call
+
+    def steps():
+        for _ in range(LEARN_EVERY):
+            st.admit(ids[next(turn)], None)
+
+    return measure.median_ms(steps, device) / LEARN_EVERY
 
 
-def _state_ms(draft, reps: int = 200) -> float:
-    """Median ms of one step's state update (admit one new id with its successors, count it for
-    the learned core, and the learned core's re-ranking amortized over its period), on a copy of
-    the batch-1 state."""
-    from trimpass.graph.dynamic import LEARN_EVERY
-    from trimpass.state import admit_, learn_, rank_
-    st = trimpass._state(draft, "demo")
-    b = st.rows[1]
-    bufs = [b[k].clone() for k in ("slot", "idx", "stamp", "count", "clock")]
-    freq, learned = st.freq.clone(), st.learned.clone()
-    ids = torch.randint(0, freq.numel(), (reps, 1, 1), device=freq.device)
-
-    def step(i):  # what the graph's admit and learn ops run, on copies of the state
-        new = torch.cat([ids[i], st.follow(ids[i], None)], 1) if st.config.successors else ids[i]
-        admit_(*bufs, new, None, b["n_core"], learned)
-        learn_(freq, learned, ids[i], 1 << 30, -1)  # counting only
-    rank = _median_ms(lambda i: rank_(freq, learned), reps) if learned.numel() else 0.0
-    saved = [t.clone() for t in (st.succ, b["last"])]
-    ms = _median_ms(step, reps)
-    for t, old in zip((st.succ, b["last"]), saved):
-        t.copy_(old)  # the random ids leave no trace in the drafter's successor table
-    return ms + rank / LEARN_EVERY
-
-
-def _head_ms(model, reps: int = 20) -> float:
+def _head_ms(model, device) -> float:
     """Median ms of the full LM head on one position, as the untrimmed drafter computes it."""
     w = model.get_output_embeddings().weight
     x = torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device)
-    return _median_ms(lambda i: torch.nn.functional.linear(x, w), reps)
+    return measure.median_ms(lambda: torch.nn.functional.linear(x, w), device)
+
+
+def _track_active(draft, act: list) -> None:
+    act.append(trimpass.stats(draft)["active"][0])
 
 
 def _plot(rows, path: str, model_name: str) -> None:
@@ -145,23 +134,27 @@ def main(args) -> int:
             g = draft.generation_config
             g.num_assistant_tokens, g.num_assistant_tokens_schedule = args.gamma, "constant"
             g.assistant_confidence_threshold = 0.0
+        act: list = []
         if cfg is None:
             assisted.compile_drafter(draft, args.inner)
             track = None
         else:
             trimpass.trim(draft, inner=args.inner, **cfg)
-            act = []
-            track = (lambda d=draft, a=act: a.append(trimpass.stats(d)["batch1"]["active"][0]))
+            track = functools.partial(_track_active, draft, act)
         assisted.run(model, draft, prompts[:1], 4, "warm-up")  # compile outside the timing
+        before = head_ops()
         st, _ = assisted.run(model, draft, prompts, args.new_tokens, label, refs,
                              on_draft_call=track)
-        active = statistics.mean(act) if cfg is not None and act else V
-        state = _state_ms(draft) / st.draft_ms if cfg is not None else None
+        head_runs = head_ops() - before
+        active = statistics.mean(act) if act else V
+        state = _state_ms(draft, device) / st.draft_ms if cfg is not None else None
         rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
-                         tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state))
+                         tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state,
+                         draft_calls=st.draft_calls, head_runs=head_runs,
+                         trimmed=cfg is not None))
     base = rows[0]
-    print(f"\n| drafter | active ids | draft ms/call | vs untrimmed | state update | MAT | "
-          f"acceptance | tokens/s | speedup vs target | lossless |")
+    print("\n| drafter | active ids | draft ms/call | vs untrimmed | state update | MAT | "
+          "acceptance | tokens/s | speedup vs target | lossless |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| (target alone) | {V:,} | - | - | - | 1.00 | - | {target_st.tokens_per_s:.2f} | "
           f"x1.00 | ✓ |")
@@ -174,8 +167,14 @@ def main(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "demo.png")
     _plot(rows, png, name.split(" (")[0])
-    head = _head_ms(model)
+    head = _head_ms(model, device)
     print(f"\nLM head alone (x[1, d] @ W[V, d]^T, median): {head:.2f} ms = "
           f"{100 * head / base['draft_ms']:.0f}% of the untrimmed draft call")
+    # each trimmed draft call runs exactly one trimmed head op; the untrimmed drafter runs none
+    ran = [r["head_runs"] == (r["draft_calls"] if r["trimmed"] else 0) and r["draft_calls"] > 0
+           for r in rows]
+    print("trimmed head ops / draft calls: " + "; ".join(
+        f"{r['name']} {r['head_runs']}/{r['draft_calls']}{'' if ok else ' ✗'}"
+        for r, ok in zip(rows, ran, strict=True)))
     print(f"model that ran: {name}\nplot: {png}")
-    return 0 if all(r["lossless"] for r in rows) else 1
+    return 0 if all(r["lossless"] for r in rows) and all(ran) else 1

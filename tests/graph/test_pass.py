@@ -10,7 +10,7 @@ import trimpass
 from trimpass import ops
 from trimpass.config import TrimConfig
 from trimpass.graph.rewrite import rewrite
-from trimpass.spec.models import EagleDrafter, MedusaHeads, Transformer
+from trimpass.testing.models import EagleDrafter, MedusaHeads, Transformer
 
 V = 512
 

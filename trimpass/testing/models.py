@@ -1,9 +1,10 @@
 """Small hand-written drafters used by the tests, the benchmarks and the reference loops.
 
 ``Transformer`` is a gpt-fast-style decoder with a static KV cache (``forward(ids, input_pos)``);
-``EagleDrafter`` is an EAGLE-style drafter: one decoder layer over ``[token embedding ; target hidden
-state]`` with its own LM head; ``MedusaHeads`` puts several LM heads on one hidden state. None of
-them knows about trimpass. Weights are random (shapes and timing only, or as a stand-in target).
+``EagleDrafter`` is an EAGLE-style drafter: one decoder layer over ``[token embedding ; target
+hidden state]`` with its own LM head; ``MedusaHeads`` puts several LM heads on one hidden state.
+None of them knows about trimpass. Weights are random (shapes and timing only, or as a stand-in
+target).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class Block(nn.Module):
             mask = torch.arange(k.shape[2], device=x.device)[None, :] <= input_pos[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=S > 1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # no SymBool: S may vary
         x = x + self.wo(y.transpose(1, 2).reshape(B, S, -1))
         return x + self.w2(F.silu(self.w1(self.mlp_norm(x))))
 

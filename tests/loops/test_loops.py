@@ -1,14 +1,17 @@
 """Every loop stays lossless with a trimmed drafter: greedy chain and tree equal the target's greedy
 output; rejection sampling keeps the target's distribution (chi-square), and a wrong acceptance
-rule is caught by the same test."""
+rule is caught by the same test. Each test also proves the trimmed head ran on every drafter call
+(greedy verification is lossless whatever the drafter computes), so with ``TRIMPASS_DISABLE=1``
+every one of them fails."""
 import copy
 
 import pytest
 import torch
 
 import trimpass
-from trimpass.spec import chain, tree
-from trimpass.spec.models import EagleDrafter, Transformer
+from trimpass.loops import chain, tree
+from trimpass.testing.checks import head_runs
+from trimpass.testing.models import EagleDrafter, Transformer
 
 V = 256
 
@@ -33,30 +36,50 @@ def test_chain_greedy_is_lossless_with_a_trimmed_drafter(mode):
     kw = dict(vocab=torch.unique(torch.cat([ref[0], torch.arange(0, V, 5)]))[3:]) \
         if mode == "static" else dict(refresh_every=4)
     draft = trimpass.trim(copy.deepcopy(target), inner="aot_eager", **kw)
-    out, st = chain.generate(target, draft, ids, 24, gamma=4)
+    with head_runs(draft) as runs:
+        out, st = chain.generate(target, draft, ids, 24, gamma=4)
     assert torch.equal(out, ref)
+    runs.check()
+    assert runs.calls == st.draft_calls == st.drafted
     assert st.mat > 1.5, "the trimmed copy of the target should have most drafts accepted"
 
 
-def test_tree_greedy_is_lossless_with_a_trimmed_eagle_drafter():
+class EagleOnTokens(torch.nn.Module):
+    """The EAGLE drafter fed a fixed stand-in hidden state."""
+
+    def __init__(self, eagle):
+        super().__init__()
+        self.eagle = eagle
+
+    def forward(self, ids):
+        return self.eagle(ids, torch.zeros(*ids.shape, 64, dtype=torch.float64))[0]
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "target-copy"])
+def test_tree_greedy_is_lossless_with_a_trimmed_drafter(drafter):
     torch._dynamo.reset()
     target = _target(1)
-    torch.manual_seed(2)
-    eagle = EagleDrafter(V, d=64).double().eval()
-
-    class EagleOnTokens(torch.nn.Module):  # the EAGLE drafter fed a fixed stand-in hidden state
-        def __init__(self):
-            super().__init__()
-            self.eagle = eagle
-
-        def forward(self, ids):
-            return self.eagle(ids, torch.zeros(*ids.shape, 64, dtype=torch.float64))[0]
-
-    draft = trimpass.trim(EagleOnTokens().eval(), vocab=torch.arange(0, V, 2), inner="aot_eager")
     ids = torch.randint(0, V, (1, 6))
-    out, st = tree.generate(target, draft, ids, 12, depth=3, topk=2, budget=6)
-    assert torch.equal(out, _greedy(target, ids, 12))
-    assert st.rounds <= 12 and st.drafted > 0
+    ref = _greedy(target, ids, 12)
+    if drafter == "eagle":  # a random EAGLE drafter: its drafts are mostly rejected
+        torch.manual_seed(2)
+        eagle = EagleDrafter(V, d=64).double().eval()
+        draft = trimpass.trim(EagleOnTokens(eagle).eval(), vocab=torch.arange(0, V, 2),
+                              inner="aot_eager")
+    else:  # the target trimmed to a vocabulary holding its output: drafts mostly accepted
+        vocab = torch.unique(torch.cat([ref[0], torch.arange(0, V, 5)]))
+        draft = trimpass.trim(copy.deepcopy(target), vocab=vocab, inner="aot_eager")
+    depth, budget = 3, 6
+    with head_runs(draft) as runs:
+        out, st = tree.generate(target, draft, ids, 12, depth=depth, topk=2, budget=budget)
+    assert torch.equal(out, ref)
+    runs.check()
+    assert runs.calls == st.draft_calls and 0 < st.draft_calls <= depth * st.rounds
+    assert sum(st.per_round) == st.emitted == 12 and len(st.per_round) == st.rounds
+    assert all(1 <= n <= depth + 1 for n in st.per_round)
+    assert st.accepted == st.emitted - st.rounds and 0 < st.drafted <= budget * st.rounds
+    if drafter == "target-copy":  # the walk must follow accepted tree children, not only roots
+        assert st.rounds < 12 and st.mat > 1.5, f"tree walk accepted too little: {st.per_round}"
 
 
 class TableLM(torch.nn.Module):
@@ -93,8 +116,11 @@ def _first_tokens(accept, n=3000):
     assert torch.isneginf(q).sum() == Vs - 7, "the drafter was not trimmed"
     gen = torch.Generator().manual_seed(1)
     prompt = torch.tensor([[4]])
-    samples = [int(chain.generate(tgt, draft, prompt, 2, gamma=1, temperature=0.8,
-                                  generator=gen, accept=accept)[0][0, 1]) for _ in range(n)]
+    with head_runs(draft) as runs:
+        samples = [int(chain.generate(tgt, draft, prompt, 2, gamma=1, temperature=0.8,
+                                      generator=gen, accept=accept)[0][0, 1]) for _ in range(n)]
+    runs.check()
+    assert runs.calls == n, "one draft per sample"
     p = torch.softmax(tgt(prompt)[0, -1] / 0.8, -1)
     return samples, p
 

@@ -6,8 +6,8 @@ The tokenizer ``transformers`` derives from this GGUF splits words into single c
 :class:`GGUFTokenizer` reads the GGUF's own token list and scores and encodes as SentencePiece's
 BPE does (merge the adjacent pair whose union has the highest score, leftmost first; bytes of
 unknown characters fall back to ``<0xXX>`` tokens); :meth:`GGUFTokenizer.chat` wraps a prompt in
-Gemma's turn format, the way chat prompts reach a served model. :func:`truncated` keeps the first N decoder
-layers and the tied head: a self-speculative drafter for the full model.
+Gemma's turn format, the way chat prompts reach a served model. :func:`truncated` keeps the first N
+decoder layers and the tied head: a self-speculative drafter for the full model.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def load_model(dtype: torch.dtype = torch.float32):
 
 
 def truncated(model, layers: int):
-    """A copy of ``model`` keeping its first ``layers`` decoder layers (embedding and head shared)."""
+    """A copy of ``model`` keeping its first ``layers`` decoder layers (embedding, head shared)."""
     inner = copy.copy(model.model)
     inner._modules = dict(model.model._modules)  # copy.copy shares it: never edit the original's
     inner.layers = torch.nn.ModuleList(list(model.model.layers)[:layers])

@@ -7,42 +7,16 @@ a plain module, an HF model, a compiled or trimmed drafter. Nothing in it knows 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-
-@dataclass
-class LoopStats:
-    rounds: int = 0  # verification passes
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    draft_s: float = 0.0
-    target_s: float = 0.0
-    draft_calls: int = 0
-    per_round: list = field(default_factory=list)
-
-    @property
-    def mat(self) -> float:
-        """Mean tokens emitted per verification (accepted drafts + the target's own token)."""
-        return self.emitted / max(self.rounds, 1)
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / max(self.drafted, 1)
+from trimpass.loops.stats import LoopStats
+from trimpass.measure import Stopwatch
 
 
 def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
     out = model(ids)
     return (out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out)
-
-
-def _timed(stats: LoopStats, attr: str, fn, *args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    setattr(stats, attr, getattr(stats, attr) + time.perf_counter() - t0)
-    return out
 
 
 def exact_accept(p_target: torch.Tensor, q_draft: torch.Tensor, x: int, u: float) -> bool:
@@ -54,8 +28,10 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, gamma: int = 4,
              temperature: float = 0.0, generator: torch.Generator | None = None,
              accept=exact_accept) -> tuple[torch.Tensor, LoopStats]:
     """Speculative decoding of ``max_new`` tokens after ``ids[1, S]``; greedy when temperature 0."""
-    st = LoopStats()
+    st = LoopStats("chain")
+    draft_call, target_call = Stopwatch(ms=st.draft_ms_each), Stopwatch(ms=st.target_ms_each)
     greedy = temperature == 0.0
+    t0 = time.perf_counter()
 
     def dist(logits):
         return torch.softmax(logits.double() / temperature, dim=-1)
@@ -67,13 +43,12 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, gamma: int = 4,
         n = min(gamma, max_new - st.emitted - 1) if max_new - st.emitted > 1 else 0
         seq, qs = ids, []
         for _ in range(n):  # draft
-            lg = _timed(st, "draft_s", logits_of, draft, seq)[0, -1]
-            st.draft_calls += 1
+            lg = draft_call(logits_of, draft, seq)[0, -1]
             q = None if greedy else dist(lg)
             tok = int(lg.argmax()) if greedy else pick(q)
             qs.append(q)
             seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
-        tl = _timed(st, "target_s", logits_of, target, seq)[0, ids.shape[1] - 1:]  # [n + 1, V]
+        tl = target_call(logits_of, target, seq)[0, ids.shape[1] - 1:]  # [n + 1, V]
         drafts = seq[0, ids.shape[1]:].tolist()
         out = []
         for i, x in enumerate(drafts):  # verify
@@ -100,4 +75,5 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, gamma: int = 4,
         st.emitted += len(out)
         st.per_round.append(len(out))
         ids = torch.cat([ids, ids.new_tensor([out])], dim=1)
+    st.seconds = time.perf_counter() - t0
     return ids, st

@@ -9,27 +9,34 @@ lacks is the target's own. Every emitted token is the target's greedy choice: lo
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from trimpass.spec.chain import LoopStats, _timed, logits_of
+from trimpass.loops.chain import logits_of
+from trimpass.loops.stats import LoopStats
+from trimpass.measure import Stopwatch
 
 
 @torch.no_grad()
 def generate(target, draft, ids: torch.Tensor, max_new: int, depth: int = 4, topk: int = 3,
              budget: int = 16) -> tuple[torch.Tensor, LoopStats]:
-    st = LoopStats()
+    st = LoopStats("tree")
+    draft_call, target_call = Stopwatch(ms=st.draft_ms_each), Stopwatch(ms=st.target_ms_each)
+    t0 = time.perf_counter()
     while st.emitted < max_new:
         parent, token, score = [-1], [None], [0.0]  # node 0 is the root (the last real token)
         frontier = [0]
         for _ in range(depth):
             if len(token) - 1 >= budget:
                 break
-            paths = torch.stack([torch.cat([ids[0], _path(ids, parent, token, f)]) for f in frontier])
-            lp = torch.log_softmax(_timed(st, "draft_s", logits_of, draft, paths)[:, -1].double(), -1)
-            st.draft_calls += 1
+            paths = torch.stack([torch.cat([ids[0], _path(ids, parent, token, f)])
+                                 for f in frontier])
+            lp = torch.log_softmax(draft_call(logits_of, draft, paths)[:, -1].double(), -1)
             vals, toks = lp.topk(topk, dim=-1)
             cand = sorted(((score[f] + float(v), f, int(t)) for f, vs, ts in
-                           zip(frontier, vals, toks) for v, t in zip(vs, ts)), reverse=True)
+                           zip(frontier, vals, toks, strict=True)
+                           for v, t in zip(vs, ts, strict=True)), reverse=True)
             frontier = []
             for s, f, t in cand[:min(topk, budget - (len(token) - 1))]:
                 parent.append(f)
@@ -40,7 +47,7 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, depth: int = 4, top
         L = max(len(_path(ids, parent, token, n)) for n in leaves)
         batch = torch.stack([torch.cat([ids[0], _pad(_path(ids, parent, token, n), L)])
                              for n in leaves])
-        tl = _timed(st, "target_s", logits_of, target, batch)  # [leaves, S + L, V]
+        tl = target_call(logits_of, target, batch)  # [leaves, S + L, V]
         S = ids.shape[1]
         out, cur = [], 0
         while True:
@@ -58,6 +65,7 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, depth: int = 4, top
         st.emitted += len(out)
         st.per_round.append(len(out))
         ids = torch.cat([ids, ids.new_tensor([out])], dim=1)
+    st.seconds = time.perf_counter() - t0
     return ids, st
 
 

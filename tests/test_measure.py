@@ -1,0 +1,61 @@
+"""trimpass.measure: the timers, the call timer that wraps a module in place and leaves it as found,
+and the per-device cache of measured costs."""
+import torch
+
+from trimpass import measure
+
+
+def test_median_and_interleaved_timers_time_the_work():
+    x = torch.randn(64, 64)
+    ms = measure.median_ms(lambda: x @ x, "cpu", min_time_s=0.02)
+    assert 0 < ms < 1_000
+    calls = []
+    out = measure.interleaved_ms({"a": lambda: calls.append("a"), "b": lambda: x @ x}, rounds=3,
+                                 device="cpu", calls=4)
+    assert set(out) == {"a", "b"} and all(v >= 0 for v in out.values())
+    assert len(calls) == 2 + 3 * 4  # two warm-up calls, then rounds x calls
+    measure.sync("cpu")
+    measure.sync()
+
+
+def test_stopwatch_times_each_call():
+    sw = measure.Stopwatch()
+    assert sw(lambda a, b=0: a + b, 1, b=2) == 3
+    sw(sum, [1, 2])
+    assert sw.calls == 2 and len(sw.ms) == 2 and sw.total_s >= 0 and sw.median_ms >= 0
+
+
+def test_time_calls_counts_every_call_and_leaves_the_module_as_found():
+    lin = torch.nn.Linear(4, 4)
+    with measure.time_calls(lin) as sw:
+        lin(torch.randn(2, 4))
+        lin(torch.randn(2, 4))
+        lin.forward(torch.randn(2, 4))  # not through __call__: not seen
+    assert sw.calls == 2
+    assert "_compiled_call_impl" not in lin.__dict__ and lin._compiled_call_impl is None
+
+    lin.compile(backend="eager")
+    compiled = lin._compiled_call_impl
+    seen = []
+    with measure.time_calls(lin, on_call=lambda: seen.append(1)) as sw:
+        out = lin(torch.ones(1, 4))
+    assert sw.calls == 1 and seen == [1] and lin._compiled_call_impl is compiled
+    assert torch.allclose(out, lin.forward(torch.ones(1, 4)))
+
+
+def test_cached_measures_once_per_device_torch_and_model_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path))
+    runs = []
+
+    def compute():
+        runs.append(1)
+        return {"ms": 1.5 * len(runs)}
+
+    assert measure.cached("head 1000x64", compute) == {"ms": 1.5}
+    assert measure.cached("head 1000x64", compute) == {"ms": 1.5} and len(runs) == 1
+    assert measure.cached("head 2000x64", compute) == {"ms": 3.0} and len(runs) == 2
+    assert measure.cached("head 1000x64", compute, refresh=True) == {"ms": 4.5}
+    assert measure.cached("head 1000x64", compute) == {"ms": 4.5} and len(runs) == 3
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")  # another torch: measured again
+    assert measure.cached("head 1000x64", compute) == {"ms": 6.0} and len(runs) == 4
+    assert "threads" in measure.device_name("cpu")

@@ -1,0 +1,63 @@
+"""Measure Hugging Face assisted generation with a drafter, without editing the loop.
+
+The drafter's calls are timed by :func:`trimpass.measure.time_calls` (a wrapper where
+``nn.Module.__call__`` dispatches, so an in-place compiled drafter runs its compiled forward), and
+the target's verification passes are counted with a forward hook; ``generate`` itself is called
+exactly as a user would. From these: draft ms per call, mean tokens emitted per verification
+(MAT), acceptance rate, tokens/s, and whether the output equals the target's own greedy output
+(lossless).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from trimpass.loops.stats import LoopStats
+from trimpass.measure import Stopwatch, time_calls
+from trimpass.progress import progress
+
+
+def compile_drafter(draft, backend) -> None:
+    """Compile ``draft`` in place (as ``trimpass.trim`` does) with any backend."""
+    draft.compile(backend=backend)
+
+
+@torch.no_grad()
+def run(target, draft, prompts, max_new: int, name: str, references=None,
+        on_draft_call=None) -> tuple[LoopStats, list]:
+    """Greedy ``target.generate`` over ``prompts`` (lists of ids), assisted by ``draft`` if given.
+
+    Each drafter call drafts one token, and each verification emits the target's own token after
+    the accepted ones, so ``drafted`` is the number of drafter calls and ``accepted`` the tokens
+    emitted beyond one per verification. ``on_draft_call()`` runs after each drafter call.
+    """
+    st = LoopStats(name)
+
+    def verified(*_):
+        st.rounds += 1
+
+    hook = target.register_forward_hook(verified)
+    device = next(target.parameters()).device
+    timing = (time_calls(draft, Stopwatch(device, st.draft_ms_each), on_draft_call)
+              if draft is not None else contextlib.nullcontext())
+    outs = []
+    try:
+        with timing:
+            for k, p in enumerate(progress(prompts, desc=name)):
+                ids = torch.tensor([p], device=device)
+                kw = dict(assistant_model=draft) if draft is not None else {}
+                t0 = time.perf_counter()
+                out = target.generate(ids, do_sample=False, max_new_tokens=max_new,
+                                      min_new_tokens=max_new, **kw)
+                st.seconds += time.perf_counter() - t0
+                st.emitted += out.shape[1] - ids.shape[1]
+                outs.append(out)
+                if references is not None and not torch.equal(out, references[k]):
+                    st.lossless = False
+    finally:
+        hook.remove()
+    st.drafted = st.draft_calls
+    st.accepted = st.emitted - st.rounds
+    return st, outs

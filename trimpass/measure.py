@@ -1,0 +1,186 @@
+"""Timing on a device, in one place: waiting for the device, timing repeatable work, timing the
+calls a loop makes, and keeping measured costs per device.
+
+- :func:`sync` waits for work queued on a device (CUDA launches are asynchronous: time the work,
+  not the launch); a no-op on CPU.
+- :func:`median_ms` times a repeatable zero-argument callable: ``triton.testing.do_bench`` on CUDA,
+  ``torch.utils.benchmark.Timer`` (blocked autorange, at the caller's thread count) elsewhere.
+- :func:`interleaved_ms` times several variants side by side in rotated order and reports each one's
+  median, for ratios on a shared, noisy machine.
+- :class:`Stopwatch` times calls that cannot be repeated (a drafter's step inside a loop), one by
+  one; :func:`time_calls` routes every call of a module, compiled in place or not, through one.
+- :func:`cached` keeps a JSON-able measurement once per (device name, torch version, model key).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+
+def _device(device) -> torch.device | None:
+    if device is None:
+        return None
+    return device if isinstance(device, torch.device) else torch.device(device)
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for the work queued on ``device``; with no device, on the current CUDA device if CUDA
+    is in use. A no-op on CPU."""
+    dev = _device(device)
+    if dev is None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    elif dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device | str = "cpu", *,
+              min_time_s: float = 0.2) -> float:
+    """Median ms of one call of ``fn()`` (warm-up included, device work waited for).
+
+    CUDA: ``triton.testing.do_bench`` (median, ``min_time_s`` of repetitions). Elsewhere:
+    ``torch.utils.benchmark.Timer.blocked_autorange`` at the current thread count (the Timer's
+    default of one thread would time a different machine), at least ``min_time_s`` of calls.
+    """
+    dev = _device(device)
+    if dev.type == "cuda":
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=25, rep=max(1, round(min_time_s * 1e3)),
+                                             return_mode="median"))
+    from torch.utils.benchmark import Timer
+    fn()  # warm-up: caches, allocator, lazy compilation
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_time_s).median * 1e3
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int,
+                   device: torch.device | str = "cpu", calls: int = 20) -> dict[str, float]:
+    """Median over ``rounds`` of the mean ms per call of each zero-argument callable.
+
+    Each round runs every variant for ``calls`` back-to-back calls (as a drafter calls its head
+    step after step), in an order rotated from round to round so no variant always follows another.
+    On a shared machine this keeps the variants' ratios meaningful when absolute times drift.
+    """
+    dev = _device(device)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up: autotuning, caches, allocator
+        fn()
+        fn()
+    sync(dev)
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync(dev)
+            times[name].append((time.perf_counter() - t0) * 1e3 / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+class Stopwatch:
+    """Wall ms of each call made through it, device work waited for before and after: for work
+    that cannot be repeated at will (a drafter's or a target's step inside a loop)."""
+
+    def __init__(self, device: torch.device | str | None = None, ms: list | None = None):
+        self.device = _device(device)
+        self.ms: list[float] = [] if ms is None else ms
+
+    def __call__(self, fn, *args, **kwargs):
+        sync(self.device)
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        sync(self.device)
+        self.ms.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    @property
+    def calls(self) -> int:
+        return len(self.ms)
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.ms) / 1e3
+
+    @property
+    def median_ms(self) -> float:  # robust to the first (compiling) calls
+        return statistics.median(self.ms) if self.ms else float("nan")
+
+
+@contextlib.contextmanager
+def time_calls(module: torch.nn.Module, watch: Stopwatch | None = None,
+               on_call: Callable[[], object] | None = None) -> Iterator[Stopwatch]:
+    """Time (and count) every ``module(...)`` call made inside the block, whoever makes it.
+
+    The call is wrapped where ``nn.Module.__call__`` dispatches (``_compiled_call_impl``), so a
+    module compiled in place (``trimpass.trim``, ``module.compile``) is timed running its compiled
+    forward, and loops that call the module (Hugging Face ``generate``) need no change. Calls
+    through other entry points (``module.forward(...)``) are not seen. ``on_call()`` runs after
+    each call, outside the timing.
+    """
+    watch = Stopwatch() if watch is None else watch
+    had = "_compiled_call_impl" in module.__dict__
+    before = module.__dict__.get("_compiled_call_impl")
+    inner = before if before is not None else module._call_impl
+
+    def call(*args, **kwargs):
+        out = watch(inner, *args, **kwargs)
+        if on_call is not None:
+            on_call()
+        return out
+
+    module._compiled_call_impl = call
+    try:
+        yield watch
+    finally:  # exactly as found: an uncompiled module stays uncompiled
+        if had:
+            module._compiled_call_impl = before
+        else:
+            del module._compiled_call_impl
+
+
+def device_name(device: torch.device | str = "cpu") -> str:
+    """What a measurement on ``device`` depends on: the GPU's name, or the CPU model and the
+    thread count torch uses."""
+    dev = _device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), cpu)
+    return f"{dev.type}: {cpu} x{torch.get_num_threads()} threads"
+
+
+def cached(model_key: str, compute: Callable[[], dict], device: torch.device | str = "cpu", *,
+           refresh: bool = False) -> dict:
+    """``compute()`` (a JSON-able dict) measured once per device name, torch version and
+    ``model_key`` (what the caller timed: an op and its shapes), then read back from
+    ``<cache_dir>/measure/``. ``refresh=True`` measures again and overwrites."""
+    from trimpass.cache import cache_dir
+    key = {"device": device_name(device), "torch": torch.__version__, "model": model_key}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_key)[:80]
+    path = os.path.join(cache_dir(), "measure", f"{slug}-{digest}.json")
+    if not refresh and os.path.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+        if stored.get("key") == key:
+            return stored["value"]
+    value = compute()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.part"
+    with open(tmp, "w") as f:
+        json.dump({"key": key, "value": value}, f)
+    os.replace(tmp, path)  # concurrent writers: last one wins, never a torn file
+    return value
