@@ -163,22 +163,39 @@ def test_grad_mode_graph_left_unchanged():
 
 
 class DequantHead(nn.Module):
-    def __init__(self, d=32):
+    """A weight-only int8 head as quantized drafters ship it: int8 rows, a per-row scale (and a
+    zero point), dequantized inside the graph at every step."""
+
+    def __init__(self, form, d=32):
         super().__init__()
+        self.form = form
         self.emb = nn.Embedding(V, d)
         self.register_buffer("wq", torch.randint(-127, 127, (V, d), dtype=torch.int8))
-        self.register_buffer("scale", torch.rand(V, 1) / 100)
+        self.register_buffer("scale", torch.rand(V, 1) / 100 + 1e-3)
+        self.register_buffer("zero", torch.randint(-3, 4, (V, 1), dtype=torch.int8))
 
     def forward(self, ids):
-        return F.linear(self.emb(ids), self.wq.float() * self.scale)
+        h = self.emb(ids)
+        if self.form == "linear":  # F.linear(x, wq.float() * scale)
+            return F.linear(h, self.wq.float() * self.scale)
+        # x @ (scale * (wq - zero)).T, the scale on the left, a zero point and a .to() cast
+        return h @ (self.scale * (self.wq.to(torch.float32) - self.zero)).T
 
 
-def test_quantized_head_left_unchanged():
-    m = DequantHead().eval()
+@pytest.mark.parametrize("form", ["linear", "matmul"])
+def test_quantized_head_left_unchanged(form):
+    m = DequantHead(form).eval()
     ids = torch.randint(0, V, (2, 3))
-    with torch.no_grad(), pytest.warns(trimpass.TrimpassWarning):
-        out = torch.compile(m, backend=trimpass.backend(vocab=[1, 2], inner="aot_eager"))(ids)
-        assert torch.allclose(out, m(ids))
+    be = trimpass.backend(vocab=[1, 2], inner="aot_eager")
+    with torch.no_grad(), pytest.warns(
+            trimpass.TrimpassWarning, match=r"quantized head \(weight dtype torch\.int8\)"):
+        out = torch.compile(m, backend=be)(ids)
+    with torch.no_grad():
+        ref = m(ids)
+    rep = be.reports[0]
+    assert rep.rewritten == [] and len(rep.skipped) == 1
+    assert rep.skipped[0][1] == "quantized head (weight dtype torch.int8): left unchanged"
+    assert torch.isfinite(out).all() and torch.allclose(out, ref)  # every id, not trimmed
 
 
 def test_results_follow_weight_updates_after_compile():

@@ -102,6 +102,24 @@ def _transposed_source(node) -> fx.Node | None:
     return None
 
 
+DEQUANT_FNS = {operator.mul, operator.sub, operator.truediv, torch.mul, torch.sub, torch.div}
+DEQUANT_METHODS = {"float", "half", "bfloat16", "to", "type_as", "mul", "sub", "div",
+                   "__mul__", "__sub__", "__truediv__"}
+
+
+def _dequantized_source(node, gm, example_inputs) -> fx.Node | None:
+    """If ``node`` dequantizes an integer weight inside the graph (casts and scale / zero-point
+    arithmetic, e.g. ``wq.float() * scale``), return that integer weight's node, else None."""
+    if _is_param(node, gm):
+        w = tensor_of(node, gm, example_inputs)
+        return node if isinstance(w, torch.Tensor) and not w.is_floating_point() else None
+    if not isinstance(node, fx.Node) or not (node.target in DEQUANT_FNS if node.op ==
+                                             "call_function" else _target(node) in DEQUANT_METHODS):
+        return None
+    return next((q for a in node.args if (q := _dequantized_source(a, gm, example_inputs))),
+                None)
+
+
 def linear_like(node: fx.Node, gm: fx.GraphModule, example_inputs=None) -> Head | None:
     """The (x, weight, bias) of a projection node, or None when it is not one."""
     t, a = _target(node), node.args
@@ -115,9 +133,11 @@ def linear_like(node: fx.Node, gm: fx.GraphModule, example_inputs=None) -> Head 
     if t in LINEAR_FNS and a:
         w = a[1] if len(a) > 1 else kw.get("weight")
         b = a[2] if len(a) > 2 else kw.get("bias")
+        w = w if _is_param(w, gm) else _dequantized_source(w, gm, example_inputs)
         return Head(node, a[0], w, b) if _is_param(w, gm) else None
     if (t in MATMUL_FNS or t in MATMUL_METHODS) and len(a) == 2:
         w = _transposed_source(a[1])
+        w = w if w is None or _is_param(w, gm) else _dequantized_source(w, gm, example_inputs)
         if _is_param(w, gm):
             return Head(node, a[0], w, None)
         wt = tensor_of(a[1], gm, example_inputs) if _is_param(a[1], gm) else None
