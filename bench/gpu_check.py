@@ -1,18 +1,32 @@
 """GPU check: the trimmed LM-head op on a CUDA device, bf16, against copy bandwidth and cuBLAS.
 
 On a bare CUDA machine with torch and triton but no network, from the repository root:
-    pip install --no-deps --no-build-isolation .   (or: export PYTHONPATH=$PWD; see below)
+    pip install --no-deps --no-build-isolation .
     python bench/gpu_check.py [--out DIR]
+Every check asserts its tolerance: one line per check, then a closing summary line
+``gpu_check: N passed, N failed, N skipped``; the exit status is 1 if any check failed (a section
+that raises counts as a failed check, and the others still run), 2 without a CUDA device or
+without trimpass installed. Correctness: the kernel's logits against a float32 reference, ``-inf``
+past the device-side count and on inactive ids, the state update with no host sync that admits
+every received id, a trimmed drafter step that matches the untrimmed one on its active ids. Speed
+(GPU only): the trimmed head and the trimmed drafter step beat their untrimmed versions.
 ``--dry-run`` runs every section on the CPU under the Triton interpreter at tiny sizes (CI does, so
-the script cannot rot); its numbers mean nothing. The whole script stays under 5 minutes on an H200.
+the script cannot rot): the correctness checks are asserted, the speed checks skipped (its numbers
+mean nothing), and a self-check first plants failures to prove they are counted and fail the run.
+``--inject-failure`` plants one failing check in a real run, to see the failure path end to end.
+The whole script stays under 5 minutes on an H200.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import sys
 import time
+import traceback
+from dataclasses import asdict, dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,32 +35,133 @@ def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny sizes")
     p.add_argument("--out", default=None, help="directory for gpu_check.json")
+    p.add_argument("--inject-failure", action="store_true",
+                   help="plant one failing check (the run must then exit 1)")
     return p.parse_args()
 
 
 ARGS = _args()
 if ARGS.dry_run:
-    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (trimpass imports it)
 try:
-    import trimpass  # noqa: F401
-except ImportError:  # not installed: use the checkout (kernels/ maps to trimpass.kernels)
-    sys.path.insert(0, ROOT)
-    import importlib.util
-    import trimpass  # noqa: F401
-    spec = importlib.util.spec_from_file_location(
-        "trimpass.kernels", os.path.join(ROOT, "kernels", "__init__.py"),
-        submodule_search_locations=[os.path.join(ROOT, "kernels")])
-    sys.modules["trimpass.kernels"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sys.modules["trimpass.kernels"])
+    import torch
+    import torch.nn.functional as F
+    from trimpass.kernels import trimmed_head as kernel
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from trimpass import ops  # noqa: E402
-from trimpass.kernels import trimmed_head as kernel  # noqa: E402
+    import trimpass
+    from trimpass import ops
+except ImportError as e:
+    print(f"gpu_check: cannot import {e.name}; install trimpass first (from the repository root: "
+          "pip install --no-deps --no-build-isolation .)", file=sys.stderr)
+    sys.exit(2)
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
 DTYPE = torch.float32 if ARGS.dry_run else torch.bfloat16
+# max |error| / max |reference|: bf16 logits round to 2^-8 relative; float32 only reorders sums
+HEAD_TOL = 1e-2 if DTYPE is torch.bfloat16 else 1e-4
+STEP_TOL = 3e-2 if DTYPE is torch.bfloat16 else 1e-4  # a whole drafter step, two compilers
+
+
+# ---- checks ------------------------------------------------------------------------------------
+@dataclass
+class Check:
+    name: str
+    status: str  # "pass", "FAIL" or "skip"
+    detail: str
+
+
+class Checks:
+    """Every check of a run, printed as it is made; ``exit_code`` is 1 if any failed."""
+
+    def __init__(self, echo: bool = True):
+        self.rows: list[Check] = []
+        self.echo = echo
+
+    def _add(self, name: str, status: str, detail: str) -> bool:
+        self.rows.append(Check(name, status, detail))
+        if self.echo:
+            print(f"[{status}] {name}" + (f": {detail}" if detail else ""), flush=True)
+        return status == "pass"
+
+    def check(self, name: str, ok, detail: str = "") -> bool:
+        return self._add(name, "pass" if bool(ok) else "FAIL", detail)
+
+    def within(self, name: str, value: float, tol: float, what: str = "rel err") -> bool:
+        """Passes when ``value <= tol``; NaN and infinity fail."""
+        value = float(value)
+        return self.check(name, math.isfinite(value) and value <= tol,
+                          f"{what} {value:.2e} (tolerance {tol:.0e})")
+
+    def skip(self, name: str, why: str) -> None:
+        self._add(name, "skip", why)
+
+    def section(self, name: str, fn):
+        """Run ``fn(self)``; an exception is a failed check, and the run goes on."""
+        try:
+            return fn(self)
+        except Exception as e:  # noqa: BLE001 - any crash of a section is a failure to report
+            if self.echo:
+                traceback.print_exc()
+            self.check(f"{name} section ran to the end", False, f"{type(e).__name__}: {e}")
+            return []
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.rows)
+
+    def summary(self) -> str:
+        return (f"gpu_check: {self.count('pass')} passed, {self.count('FAIL')} failed, "
+                f"{self.count('skip')} skipped")
+
+    def exit_code(self) -> int:
+        return 1 if self.count("FAIL") else 0
+
+
+def self_check() -> list[str]:
+    """The failure path, checked on itself: a value past its tolerance, a NaN and a section that
+    raises must each count as a failure and make the exit code 1; a clean set must exit 0."""
+    c = Checks(echo=False)
+    c.within("past its tolerance", 2e-3, 1e-3)
+    c.within("NaN", float("nan"), 1e-3)
+    c.section("raising", lambda _: 1 / 0)
+    c.within("within its tolerance", 1e-5, 1e-3)
+    c.skip("skipped", "dry run")
+    problems = []
+    got = (c.count("pass"), c.count("FAIL"), c.count("skip"))
+    if got != (1, 3, 1):
+        problems.append(f"counted {got} (pass, fail, skip), expected (1, 3, 1)")
+    if c.exit_code() != 1:
+        problems.append(f"exit code {c.exit_code()} with failures, expected 1")
+    if c.summary() != "gpu_check: 1 passed, 3 failed, 1 skipped":
+        problems.append(f"summary {c.summary()!r}")
+    clean = Checks(echo=False)
+    clean.within("fine", 0.0, 1e-3)
+    clean.check("true", True)
+    if clean.exit_code() != 0 or clean.count("pass") != 2:
+        problems.append("a clean run does not exit 0")
+    return problems
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.float()
+    return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+@contextlib.contextmanager
+def host_sync_guard():
+    """Raise on any host sync inside: CUDA's sync debug mode on a GPU; on the CPU (dry run),
+    ``tests/nosync.py``'s dispatch mode with the Triton path forced, as a GPU would run it."""
+    if DEVICE == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return
+    if ROOT not in sys.path:
+        sys.path.append(ROOT)  # tests/ of this checkout, only for the dry run's guard
+    from tests.nosync import no_host_sync
+    with ops.use_kernel("triton"), no_host_sync():
+        yield
 
 
 def bench_ms(fn) -> float:
@@ -68,7 +183,8 @@ def copy_gbps() -> float:
     return 2 * n / ms / 1e6  # bytes read + written
 
 
-def head_section() -> list[dict]:
+# ---- sections ----------------------------------------------------------------------------------
+def head_section(c: Checks) -> list[dict]:
     V, d = (128_256, 4_096) if DEVICE == "cuda" else (1_031, 96)
     ks = (3_000, 8_000, 16_000, 32_000) if DEVICE == "cuda" else (37, 100)
     copy = copy_gbps()
@@ -79,70 +195,105 @@ def head_section() -> list[dict]:
     rows = []
     with ops.use_kernel("triton"):
         for K in ks:
+            tag = f"head K={K:,}"
             idx = torch.randperm(V, generator=g)[:K].sort().values.to(DEVICE)
             count = torch.tensor([K], dtype=torch.int32, device=DEVICE)
             out = ops.head_compact(x, w, None, idx, count)
             ref = F.linear(x.float(), w[idx].float())
-            err = float((out.float() - ref).abs().max() / ref.abs().max())
-            ms = bench_ms(lambda: ops.head_compact(x, w, None, idx, count))
+            err = rel_err(out, ref)
+            c.within(f"{tag}: compact logits vs a float32 reference", err, HEAD_TOL)
+            n = K - 7  # a device-side count below the buffer's capacity
+            part = ops.head_compact(x, w, None, idx, torch.tensor([n], dtype=torch.int32,
+                                                                    device=DEVICE))
+            c.check(f"{tag}: -inf past a device-side count of {n:,}, same logits before it",
+                    bool(torch.isneginf(part[..., n:]).all())
+                    and rel_err(part[..., :n], ref[..., :n]) <= HEAD_TOL,
+                    f"{int(torch.isneginf(part[..., n:]).sum())}/{K - n} tail entries -inf")
+            full = ops.head_full(x, w, None, idx, count)
+            inactive = torch.ones(V, dtype=torch.bool, device=DEVICE)
+            inactive[idx] = False
+            n_inf = int(torch.isneginf(full[..., inactive]).sum())
+            c.check(f"{tag}: full logits -inf on every inactive id, the compact ones on the "
+                    "active", n_inf == V - K and rel_err(full[..., idx], ref) <= HEAD_TOL,
+                    f"{n_inf:,}/{V - K:,} inactive ids -inf")
+            ms = bench_ms(lambda idx=idx, count=count: ops.head_compact(x, w, None, idx, count))
             gbps = K * d * w.element_size() / ms / 1e6
+            if DEVICE == "cuda":
+                c.check(f"{tag}: faster than cuBLAS's full head", ms < full_ms,
+                        f"{ms:.4f} ms vs {full_ms:.4f} ms (x{full_ms / ms:.1f})")
+            else:
+                c.skip(f"{tag}: faster than the full head", "dry run: timings mean nothing")
             rows.append(dict(section="head", V=V, d=d, K=K, M=1, ms=ms, gbps=gbps,
                              copy_gbps=copy, pct_copy=100 * gbps / copy, full_ms=full_ms,
                              speedup=full_ms / ms, rel_err=err, config=kernel.best_config()))
     print(f"\n## trimmed head, {DTYPE}, V={V:,} d={d:,} M=1 (copy: {copy:,.0f} GB/s)")
-    print("| K | trimmed ms | GB/s | % of copy | cuBLAS full ms | full/trimmed | rel err | config |")
+    print("| K | trimmed ms | GB/s | % of copy | cuBLAS full ms | full/trimmed | rel err | "
+          "config |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['K']:,} | {r['ms']:.4f} | {r['gbps']:,.0f} | {r['pct_copy']:.0f}% | "
               f"{r['full_ms']:.4f} | x{r['speedup']:.1f} | {r['rel_err']:.1e} | {r['config']} |")
+    print()
     return rows
 
 
-def state_section() -> list[dict]:
-    """Cost of one step's state update (admit with successors, then the learned core's count),
-    no host sync."""
+def state_section(c: Checks) -> list[dict]:
+    """Cost of one step's state update (admit, which also counts the learned core, then the head's
+    read of the active ids), with no host sync, and every received id active after it."""
     from trimpass.config import TrimConfig
     from trimpass.state import ActiveState
     V = 128_256 if DEVICE == "cuda" else 1_031
     cap, learn = (4096, 1024) if DEVICE == "cuda" else (64, 16)
     rows = []
     for B, S in ((1, 1), (1, 8), (8, 1)):
-        st = ActiveState(TrimConfig(capacity=cap, learn_core=learn))
-        b = st.buffers(B, V, DEVICE)
+        tag = f"state B={B} S={S}"
+        st = ActiveState(TrimConfig(capacity=cap, learn_core=learn).settings)
+        st.build(V, DEVICE)
         ids = torch.randint(0, V, (B, S), device=DEVICE)
 
-        def step():  # the two ops the pass inserts at each token lookup
-            torch.ops.trimpass.admit(*st.args(b), ids, None, b["n_core"], st.learned, st.serial,
-                                     st.config.successors)
-            torch.ops.trimpass.learn(st.learned, ids, 1 << 30, st.serial)
-        if DEVICE == "cuda":
-            torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
+        def step(st=st, ids=ids, B=B):  # the two ops the pass inserts around a token lookup
+            torch.ops.trimpass.admit(st.token, ids, None, st.serial)
+            return torch.ops.trimpass.active(st.token, B, cap, st.serial)
+
+        try:
+            with host_sync_guard():
+                for _ in range(3):
+                    idx, count = step()
+            c.check(f"{tag}: no host sync in the update", True)
+        except ImportError as e:
+            c.skip(f"{tag}: no host sync in the update", f"guard unavailable ({e})")
+            idx, count = step()
+        except RuntimeError as e:  # HostSyncError, or CUDA's sync debug mode
+            c.check(f"{tag}: no host sync in the update", False, f"{type(e).__name__}: {e}")
+            idx, count = step()
+        missing = sum(int((~torch.isin(ids[b], idx[b, :int(count[b])])).sum()) for b in range(B))
+        c.check(f"{tag}: every received id is active in its row", missing == 0,
+                f"{missing} of {B * S} ids missing")
         ms = bench_ms(step)
-        if DEVICE == "cuda":
-            torch.cuda.set_sync_debug_mode("default")
         rows.append(dict(section="state", B=B, S=S, V=V, us=ms * 1e3))
-    print(f"\n## dynamic-vocabulary state update (admit with successors + learn), no host sync, "
-          f"capacity {cap}")
+    print(f"\n## dynamic-vocabulary state update (admit + active), capacity {cap}")
     print("| B | ids per row | us per step |")
     print("|---|---|---|")
     for r in rows:
         print(f"| {r['B']} | {r['S']} | {r['us']:.1f} |")
+    print()
     return rows
 
 
-def e2e_section() -> list[dict]:
+def e2e_section(c: Checks) -> list[dict]:
     """Draft step of an EAGLE-shaped drafter for Llama-3-8B, trimmed vs not (random weights)."""
-    import trimpass
     from trimpass.testing.models import EagleDrafter
     if DEVICE == "cuda":
         V, d, heads, ffn, mode, inner = 128_256, 4_096, 32, 14_336, "reduce-overhead", "inductor"
     else:
         V, d, heads, ffn, mode, inner = 1_031, 64, 4, 128, None, "aot_eager"
+    cap, prompt_len = (4096, 512) if DEVICE == "cuda" else (64, 16)
     torch.manual_seed(0)
     model = EagleDrafter(V, d, heads, ffn).to(DEVICE, DTYPE).eval()
     ids = torch.randint(0, V, (1, 1), device=DEVICE)
     hidden = torch.randn(1, 1, d, device=DEVICE, dtype=DTYPE)
-    out = {}
+    prompt = torch.randint(0, V, (1, prompt_len), device=DEVICE)
+    out, logits = {}, {}
     with torch.no_grad():
         for label in ("untrimmed", "trimmed"):
             torch._dynamo.reset()
@@ -150,21 +301,36 @@ def e2e_section() -> list[dict]:
                 fn = torch.compile(model, backend=inner, mode=mode) if mode else \
                     torch.compile(model, backend=inner)
             else:
-                be = trimpass.backend(capacity=4096 if DEVICE == "cuda" else 64,
-                                      learn_core=1024 if DEVICE == "cuda" else 16,
+                be = trimpass.backend(capacity=cap, learn_core=1024 if DEVICE == "cuda" else 16,
                                       inner=inner, mode=mode)
                 fn = torch.compile(model, backend=be)
-                fn(torch.randint(0, V, (1, 512 if DEVICE == "cuda" else 16), device=DEVICE),
-                   torch.randn(1, 512 if DEVICE == "cuda" else 16, d, device=DEVICE,
-                               dtype=DTYPE))  # a prompt's worth of context in the state
-            out[label] = bench_ms(lambda: fn(ids, hidden))
+                fn(prompt, torch.randn(1, prompt_len, d, device=DEVICE, dtype=DTYPE))  # context
+            out[label] = bench_ms(lambda fn=fn: fn(ids, hidden))
+            logits[label] = fn(ids, hidden)[0].float().clone()  # CUDA-graph outputs are reused
+    full, trim = logits["untrimmed"], logits["trimmed"]
+    live = torch.isfinite(trim)
+    n_live = int(live.sum())
+    c.check("e2e: trimmed step leaves between 1 and capacity ids active, -inf elsewhere",
+            0 < n_live <= cap and bool(torch.isneginf(trim[~live]).all()), f"{n_live:,} active")
+    received = torch.cat([prompt.flatten(), ids.flatten()])
+    c.check("e2e: every id the drafter received is active (context-aware)",
+            bool(live[0, -1, received].all()),
+            f"{int((~live[0, -1, received]).sum())} of {received.numel()} received ids inactive")
+    err = rel_err(trim[live], full[live]) if n_live else float("nan")
+    c.within("e2e: trimmed logits match the untrimmed ones on the active ids", err, STEP_TOL)
     r = dict(section="e2e", V=V, d=d, untrimmed_ms=out["untrimmed"], trimmed_ms=out["trimmed"],
-             reduction_pct=100 * (1 - out["trimmed"] / out["untrimmed"]), mode=str(mode))
+             reduction_pct=100 * (1 - out["trimmed"] / out["untrimmed"]), mode=str(mode),
+             rel_err=err, active=n_live)
+    if DEVICE == "cuda":
+        c.check("e2e: the trimmed draft step is faster", out["trimmed"] < out["untrimmed"],
+                f"{out['trimmed']:.4f} ms vs {out['untrimmed']:.4f} ms")
+    else:
+        c.skip("e2e: the trimmed draft step is faster", "dry run: timings mean nothing")
     print(f"\n## EAGLE-shaped drafter step (V={V:,}, d={d:,}, {DTYPE}, mode={mode})")
     print("| untrimmed ms | trimmed ms | draft step change |")
     print("|---|---|---|")
-    print(f"| {r['untrimmed_ms']:.4f} | {r['trimmed_ms']:.4f} | -{r['reduction_pct']:.1f}% |")
-    print("MAT: not measured here (random weights); see the demo and bench/dynamic_gemma.py")
+    print(f"| {r['untrimmed_ms']:.4f} | {r['trimmed_ms']:.4f} | {-r['reduction_pct']:+.1f}% |")
+    print("MAT: not measured here (random weights); see the demo and bench/dynamic_gemma.py\n")
     return [r]
 
 
@@ -175,15 +341,26 @@ def main() -> int:
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
     print(f"# trimpass gpu_check on {name}; torch {torch.__version__}")
     t0 = time.time()
-    results = {"device": name, "head": head_section(), "state": state_section(),
-               "e2e": e2e_section()}
+    c = Checks()
+    problems = self_check()
+    c.check("self-check: planted failures are counted and fail the run", not problems,
+            "; ".join(problems) or "3 planted failures counted, exit code 1")
+    if ARGS.inject_failure:
+        c.check("injected failure", False, "planted by --inject-failure")
+    results = {"device": name, "head": c.section("head", head_section),
+               "state": c.section("state", state_section), "e2e": c.section("e2e", e2e_section)}
     results["seconds"] = time.time() - t0
-    print(f"\ntotal {results['seconds']:.0f} s")
+    results["checks"] = [asdict(r) for r in c.rows]
+    print(f"total {results['seconds']:.0f} s")
     if ARGS.out:
         os.makedirs(ARGS.out, exist_ok=True)
         with open(os.path.join(ARGS.out, "gpu_check.json"), "w") as f:
             json.dump(results, f, indent=1)
-    return 0
+    for r in c.rows:
+        if r.status == "FAIL":
+            print(f"FAILED {r.name}: {r.detail}")
+    print(c.summary())
+    return c.exit_code()
 
 
 if __name__ == "__main__":
