@@ -1,0 +1,196 @@
+"""The cost model against slow references: weighted PAV and the grid fit equal the min-max formula
+of isotonic regression (max over upper sets, min over lower sets, of the weighted mean), evaluated
+by enumeration; fits and the interpolated table are exactly monotone; the disk cache is keyed by
+device, torch version and model key; update() pulls the table toward observed times; bad tables and
+arguments raise."""
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from trimpass import measure as tm
+from trimpass.budget import CostTable, cached_table, dcut, isotonic_grid, measure, pav
+
+
+def minmax_1d(y, w):
+    n = len(y)
+    mean = lambda j, k: sum(w[j:k + 1] * y[j:k + 1]) / sum(w[j:k + 1])  # noqa: E731
+    return np.array([max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1))
+                     for i in range(n)])
+
+
+def staircases(nb, nk):
+    """Lower sets of the (batch, drafts) grid: row heights non-increasing down the rows."""
+    for h in itertools.product(range(nk + 1), repeat=nb):
+        if all(a >= b for a, b in itertools.pairwise(h)):
+            yield {(b, t) for b in range(nb) for t in range(h[b])}
+
+
+def minmax_2d(y, w):
+    nb, nk = y.shape
+    cells = {(b, t) for b in range(nb) for t in range(nk)}
+    lowers = list(staircases(nb, nk))
+    uppers = [cells - L for L in lowers]
+    mean = lambda S: sum(w[c] * y[c] for c in S) / sum(w[c] for c in S)  # noqa: E731
+    out = np.empty_like(y)
+    for x in cells:
+        out[x] = max(min(mean(U & L) for L in lowers if x in L) for U in uppers if x in U)
+    return out
+
+
+def data(rng, shape):
+    kind = rng.integers(3)
+    if kind == 0:
+        y = rng.normal(size=shape)
+    elif kind == 1:
+        y = rng.integers(0, 3, size=shape).astype(float)  # ties
+    else:
+        y = np.add.accumulate(rng.normal(0.5, 1, size=shape), axis=-1)  # mostly increasing
+    w = rng.choice([1.0, 1.0, 0.3, 4.0], size=shape) if rng.random() < 0.6 else np.ones(shape)
+    return y, w
+
+
+def test_pav_equals_min_max_formula():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        y, w = data(rng, (int(rng.integers(1, 9)),))
+        np.testing.assert_allclose(pav(y, w), minmax_1d(y, w), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1), (2, 2), (2, 3), (3, 2), (3, 3), (2, 4)])
+def test_grid_fit_equals_min_max_formula(shape):
+    rng = np.random.default_rng(sum(shape) * 10 + shape[0])
+    for _ in range(25):
+        y, w = data(rng, shape)
+        np.testing.assert_allclose(isotonic_grid(y, w), minmax_2d(y, w), rtol=1e-10, atol=1e-12)
+
+
+def test_grid_fit_of_a_line_is_pav():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        y, w = data(rng, (int(rng.integers(1, 12)),))
+        np.testing.assert_allclose(isotonic_grid(y[None], w[None])[0], pav(y, w), rtol=1e-12)
+        np.testing.assert_allclose(isotonic_grid(y[:, None], w[:, None])[:, 0], pav(y, w),
+                                   rtol=1e-12)
+
+
+def test_fits_are_exactly_monotone():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        y = 1e-3 * (1 + rng.random((6, 9)) + 0.1 * np.arange(9))  # seconds-sized, noisy
+        w = rng.choice([1.0, 2.0, 0.5], size=y.shape)
+        f = isotonic_grid(y, w)
+        assert (np.diff(f, axis=0) >= 0).all() and (np.diff(f, axis=1) >= 0).all()
+        assert (np.diff(pav(y[0], w[0])) >= 0).all()
+        # least squares: the weighted mean is kept (a clamp would not keep it)
+        assert math.isclose((w * f).sum(), (w * y).sum(), rel_tol=1e-10)
+
+
+def test_table_interpolates_and_is_monotone_everywhere():
+    rng = np.random.default_rng(3)
+    raw = 0.01 + rng.random((3, 4)) * 0.01
+    t = CostTable([1, 4, 8], [0, 2, 8, 16], raw)
+    f = isotonic_grid(raw)
+    assert t.seconds(4, 8) == pytest.approx(f[1, 2])
+    assert t(4, 12) == pytest.approx(f[1, 2])  # tokens = batch + drafts
+    assert t.seconds(6, 5) == pytest.approx(0.25 * (f[1, 1] + f[1, 2] + f[2, 1] + f[2, 2]))
+    assert t.seconds(1, -3) == pytest.approx(f[0, 0])  # held below the grid
+    b = torch.arange(1, 13)
+    for seed in range(30):  # noisy grids: the fit has flat blocks, where rounding would show
+        g = np.random.default_rng(seed)
+        tt = t if seed == 0 else CostTable([1, 3, 8], [0, 3, 7, 16], 0.01 + 0.01 * g.random((3, 4)))
+        for batch in range(1, 13):
+            tokens = torch.arange(batch, batch + 40)
+            c = tt(batch, tokens)
+            assert c.shape == tokens.shape and (c > 0).all() and (torch.diff(c) >= 0).all()
+    for drafts in range(0, 30):  # in batch: up to rounding (exact in tokens, above)
+        assert (torch.diff(t.seconds(b, drafts)) >= -1e-15).all()
+    assert t(20, 20 + 40) > t(8, 8 + 16)  # extended past the grid, not flat
+
+
+def test_update_moves_toward_observations():
+    t = CostTable([1, 2, 4], [0, 4, 8], [[1.0, 1.2, 1.4], [1.1, 1.3, 1.5], [1.2, 1.4, 1.6]])
+    before = t(2, 2 + 4)
+    t.update(2, 2 + 4, 2.0)
+    after = t(2, 2 + 4)
+    assert before < after < 2.0
+    assert t(4, 4 + 4) >= after  # monotone in batch: the fit pools rather than break order
+    for _ in range(60):  # an observation the order allows is reached
+        t.update(1, 1 + 8, 1.45)
+    assert t(1, 1 + 8) == pytest.approx(1.45, rel=1e-3)
+    assert (np.diff(t.fit, axis=0) >= 0).all() and (np.diff(t.fit, axis=1) >= 0).all()
+    off = t(3, 3 + 6)  # between grid points, observed faster
+    t.update(3, 3 + 6, 0.5 * off)
+    assert 0.5 * off < t(3, 3 + 6) < off
+
+
+def test_bad_tables_raise():
+    with pytest.raises(ValueError, match="batch=2, drafts=4 is missing or not positive"):
+        CostTable([1, 2], [0, 4], [[1.0, 1.0], [1.0, None]])
+    with pytest.raises(ValueError, match="batch=1, drafts=0 is missing or not positive"):
+        CostTable([1, 2], [0, 4], [[float("nan"), 1.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="missing or not positive"):
+        CostTable([1, 2], [0, 4], [[1.0, 0.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="missing or not positive"):
+        CostTable([1, 2], [0, 4], [[1.0, -2.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="seconds: expected 2 rows of 2"):
+        CostTable([1, 2], [0, 4], [[1.0, 1.0]])
+    with pytest.raises(ValueError, match="batches: must be sorted"):
+        CostTable([2, 1], [0, 4], [[1.0, 1.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="drafts: expected a non-empty"):
+        CostTable([1], [], [[]])
+    with pytest.raises(ValueError, match="weights"):
+        CostTable([1], [0], [[1.0]], weights=[[0.0]])
+    t = CostTable([1], [0], [[1.0]])
+    with pytest.raises(ValueError, match="seconds: must be positive"):
+        t.update(1, 1, 0.0)
+    with pytest.raises(ValueError, match="isotonic: values must be finite"):
+        pav([1.0, float("inf")])
+    with pytest.raises(ValueError, match="budget_s"):
+        measure(lambda b, k: None, [1], [0], budget_s=0)
+
+
+def test_cache_keyed_by_device_torch_and_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path))
+    calls = []
+
+    def timer(call, share):
+        calls.append(share)
+        return 1e-3 * (1 + len(calls))
+
+    def get(key):
+        return cached_table(key, lambda b, k: None, [1, 2], [0, 4], timer=timer)
+
+    first = get("model-a")
+    assert len(calls) == 4
+    again = get("model-a")
+    assert len(calls) == 4 and again.raw.tolist() == first.raw.tolist()
+    get("model-b")
+    assert len(calls) == 8
+    real = tm.device_name
+    monkeypatch.setattr(tm, "device_name", lambda device="cpu": "another device")
+    get("model-a")
+    assert len(calls) == 12
+    monkeypatch.setattr(tm, "device_name", real)
+    monkeypatch.setattr(torch, "__version__", "0.0.1-other")
+    get("model-a")
+    assert len(calls) == 16
+    monkeypatch.undo()
+    monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path))
+    assert get("model-a").raw.tolist() == first.raw.tolist() and len(calls) == 16
+
+
+def test_measure_stays_within_budget_and_feeds_dcut():
+    def verify(batch, drafts):  # sleeps: robust to a loaded machine, unlike compute
+        time.sleep(0.005 * (batch + drafts))
+
+    t0 = time.perf_counter()
+    table = measure(verify, [1, 2], [0, 4], budget_s=0.4)
+    assert time.perf_counter() - t0 < 0.4 + 4 * 0.03 + 0.5  # about one call per cell over
+    assert (table.raw > 0).all() and table.raw[1, 1] > 3 * table.raw[0, 0]
+    assert table(2, 6) == pytest.approx(0.03, rel=0.5)
+    n = dcut(torch.full((2, 4), 0.9), table, draft_time=1e-3)
+    assert n.shape == (2,) and 0 <= int(n.sum()) <= 8

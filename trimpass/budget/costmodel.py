@@ -1,0 +1,337 @@
+"""The runtime cost model D-Cut needs: C(batch, verified tokens) in seconds, and a drafter's time
+per step, measured on this device. A :class:`CostTable` holds timings on a grid of batch sizes x
+drafted token counts (verified tokens = batch + drafted tokens), fits them by weighted least-squares
+isotonic regression monotone non-decreasing in both axes (:func:`pav` on a line, its exact
+generalization :func:`isotonic_grid` on the grid: the minimum-lower-sets algorithm, each step a
+dynamic program over staircases), and interpolates the fit bilinearly; it is monotone by
+construction, never clamped. :func:`measure` times a user's verify (or drafting-step) function on
+the grid within a time budget with :mod:`trimpass.measure`'s timer; :func:`cached_table` keeps the
+timings on disk per device name, torch version and model key (``trimpass.measure.cached``);
+:meth:`CostTable.update` refines the table online from the step times an engine observes.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from trimpass import measure as _m
+
+__all__ = ["CostTable", "pav", "isotonic_grid", "measure", "cached_table"]
+
+
+def _weights(y: np.ndarray, w) -> np.ndarray:
+    if not np.isfinite(y).all():
+        raise ValueError("isotonic: values must be finite")
+    w = np.ones_like(y) if w is None else np.asarray(w, dtype=np.float64)
+    if w.shape != y.shape:
+        raise ValueError(f"isotonic: weights shape {w.shape} != values shape {y.shape}")
+    if not (np.isfinite(w).all() and (w > 0).all()):
+        raise ValueError("isotonic: weights must be positive and finite")
+    return w
+
+
+def pav(y, w=None) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit of the 1-D ``y`` (pool adjacent violators).
+
+    Blocks are kept as (sum w*y, sum w); a new value pools with the blocks before it while their
+    mean is >= its own, so block means strictly increase and the fit is exactly non-decreasing.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 1:
+        raise ValueError(f"pav: expected 1-D values, got shape {y.shape}")
+    w = _weights(y, w)
+    blocks: list[list[float]] = []  # [sum_wy, sum_w, count]
+    for yi, wi in zip(y.tolist(), w.tolist(), strict=True):
+        swy, sw, n = yi * wi, wi, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] >= swy / sw:
+            pwy, pw, pn = blocks.pop()
+            swy, sw, n = swy + pwy, sw + pw, n + pn
+        blocks.append([swy, sw, n])
+    return np.repeat([b[0] / b[1] for b in blocks], [b[2] for b in blocks]).astype(np.float64)
+
+
+def _min_lower_set(G: np.ndarray, H: np.ndarray) -> tuple[float, np.ndarray]:
+    """Minimum of sum g over lower sets of the cells not yet assigned, and its staircase.
+
+    ``G`` [nb, nk+1]: per-row prefix sums of g; ``H``: row b's cells t < H[b] are assigned (H
+    non-increasing). A lower set is {(b, t): H[b] <= t < h[b]} with h non-increasing, h >= H.
+    """
+    nb, n1 = G.shape
+    cols = np.arange(n1)
+    rows = []
+    for b in range(nb):
+        rc = G[b] - G[b, H[b]]
+        rc[cols < H[b]] = np.inf
+        rows.append(rc)
+    D = [None] * nb
+    D[-1] = rows[-1]
+    for b in range(nb - 2, -1, -1):
+        D[b] = rows[b] + np.minimum.accumulate(D[b + 1])
+    h = np.empty(nb, dtype=np.int64)
+    h[0] = int(np.argmin(D[0]))
+    for b in range(1, nb):
+        h[b] = int(np.argmin(D[b][: h[b - 1] + 1]))
+    return float(D[0][h[0]]), h
+
+
+def isotonic_grid(y, w=None) -> np.ndarray:
+    """Weighted least-squares fit of the 2-D ``y`` non-decreasing along both axes.
+
+    Minimum lower sets (Brunk): the lower set of the unassigned cells with the smallest weighted
+    mean takes that mean, then the rest is fitted the same way. The smallest-mean lower set is found
+    by Dinkelbach's iteration, each step a dynamic program over staircases. A block whose mean is
+    not above the previous block's (rounding) is pooled into it, so block means strictly increase
+    and the fit is exactly monotone. With one row or column it equals :func:`pav`.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 2 or 0 in y.shape:
+        raise ValueError(f"isotonic_grid: expected a non-empty 2-D grid, got shape {y.shape}")
+    w = _weights(y, w)
+    nb, nk = y.shape
+    z = np.zeros((nb, 1))
+    cw = np.concatenate([z, np.cumsum(w, axis=1)], axis=1)
+    cwy = np.concatenate([z, np.cumsum(w * y, axis=1)], axis=1)
+    tol = 1e-12 * float(np.abs(w * y).sum() + w.sum())
+    rows = np.arange(nb)
+
+    def sums(lo, hi):
+        return (float((cwy[rows, hi] - cwy[rows, lo]).sum()),
+                float((cw[rows, hi] - cw[rows, lo]).sum()))
+
+    H = np.zeros(nb, dtype=np.int64)
+    blocks: list[tuple[np.ndarray, np.ndarray, float, float]] = []  # lo, hi, sum_wy, sum_w
+    while (H < nk).any():
+        h = np.full(nb, nk, dtype=np.int64)
+        swy, sw = sums(H, h)
+        for _ in range(nb * nk + 2):  # Dinkelbach: the mean strictly falls, over finitely many sets
+            val, hh = _min_lower_set(cwy - (swy / sw) * cw, H)
+            if val >= -tol:
+                break
+            nwy, nw = sums(H, hh)
+            if nwy / nw >= swy / sw:
+                break
+            h, swy, sw = hh, nwy, nw
+        lo = H.copy()
+        while blocks and blocks[-1][2] / blocks[-1][3] >= swy / sw:
+            plo, _, pwy, pw = blocks.pop()
+            lo, swy, sw = plo, swy + pwy, sw + pw
+        blocks.append((lo, h, swy, sw))
+        H = h
+    out = np.empty_like(y)
+    for lo, hi, swy, sw in blocks:
+        for b in range(nb):
+            out[b, lo[b]:hi[b]] = swy / sw
+    return out
+
+
+def _axis(name: str, values) -> list[int]:
+    values = list(values)
+    try:
+        vals = [int(v) for v in values]
+        ok = bool(vals) and all(v == float(x) for v, x in zip(vals, values, strict=True))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: expected a non-empty list of integers, got {values}")
+    if any(a >= b for a, b in itertools.pairwise(vals)):
+        raise ValueError(f"{name}: must be sorted strictly increasing, got {vals}")
+    return vals
+
+
+def _interp(points: torch.Tensor, q: torch.Tensor):
+    """Lower index, upper index and fraction of ``q`` clamped into [points[0], points[-1]]."""
+    qc = torch.minimum(torch.maximum(q, points[0]), points[-1])
+    if len(points) == 1:
+        i = torch.zeros_like(qc, dtype=torch.long)
+        return i, i, torch.zeros_like(qc)
+    i = (torch.searchsorted(points, qc, right=True) - 1).clamp(0, len(points) - 2)
+    return i, i + 1, (qc - points[i]) / (points[i + 1] - points[i])
+
+
+def _lerp(lo: torch.Tensor, hi: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """lo + f * (hi - lo) for lo <= hi: exact at f = 0 and where lo == hi, non-decreasing in f,
+    and never above hi (so a cell never ends above where the next one starts)."""
+    return torch.minimum(lo + f * (hi - lo), hi)
+
+
+class CostTable:
+    """Seconds to verify on a grid: ``seconds[i][j]`` for ``batches[i]`` requests carrying
+    ``drafts[j]`` drafted tokens in all (``batches[i] + drafts[j]`` verified tokens).
+
+    ``table(batch, tokens)`` is the cost D-Cut calls (scalars or tensors; ``tokens`` verified in
+    all); ``table.seconds(batch, drafts)`` reads the grid's own coordinates (a drafting step timed
+    with ``drafts=[0]``: ``seconds(batch, 0)``). The isotonic fit is interpolated bilinearly, held
+    constant below the grid, and extended above it linearly with one slope per axis for the whole
+    grid (the largest last-segment slope): non-decreasing in tokens everywhere (exactly, rounding
+    included) and in batch (up to rounding).
+    """
+
+    def __init__(self, batches: Sequence[int], drafts: Sequence[int], seconds,
+                 weights=None, *, alpha: float = 0.2):
+        self.batches = _axis("batches", batches)
+        self.drafts = _axis("drafts", drafts)
+        if self.batches[0] < 1 or self.drafts[0] < 0:
+            raise ValueError(f"batches must be >= 1 and drafts >= 0, got {self.batches}, "
+                             f"{self.drafts}")
+        shape = (len(self.batches), len(self.drafts))
+        rows = [[math.nan if v is None else v for v in row] for row in seconds]
+        if len(rows) != shape[0] or any(len(r) != shape[1] for r in rows):
+            raise ValueError(f"seconds: expected {shape[0]} rows of {shape[1]} entries "
+                             f"(batches x drafts)")
+        raw = np.asarray(rows, dtype=np.float64)
+        for (i, j), v in np.ndenumerate(raw):
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"seconds: entry for batch={self.batches[i]}, "
+                                 f"drafts={self.drafts[j]} is missing or not positive: {v}")
+        w = np.ones(shape) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != shape or not (np.isfinite(w).all() and (w > 0).all()):
+            raise ValueError(f"weights: expected positive finite weights of shape {shape}")
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha: must lie in (0, 1], got {alpha}")
+        self.raw, self.weights, self.alpha = raw, w, float(alpha)
+        self._b = torch.tensor(self.batches, dtype=torch.float64)
+        self._k = torch.tensor(self.drafts, dtype=torch.float64)
+        self.refit()
+
+    def refit(self) -> None:
+        """Fit the raw timings again (isotonic in both axes) and the extension slopes."""
+        self.fit = isotonic_grid(self.raw, self.weights)
+        f = torch.from_numpy(self.fit.copy())
+        self._fit = f
+        nb, nk = f.shape
+        self._slope_k = float(((f[:, -1] - f[:, -2]) / (self._k[-1] - self._k[-2])).max()
+                              ) if nk > 1 else 0.0
+        self._slope_b = float(((f[-1] - f[-2]) / (self._b[-1] - self._b[-2])).max()
+                              ) if nb > 1 else 0.0
+
+    @staticmethod
+    def _coords(batch, drafts) -> tuple[torch.Tensor, torch.Tensor]:
+        b = torch.as_tensor(batch, dtype=torch.float64).cpu()
+        k = torch.as_tensor(drafts, dtype=torch.float64).cpu()
+        return torch.broadcast_tensors(b, k)
+
+    def seconds(self, batch, drafts):
+        """Fitted seconds for ``batch`` requests carrying ``drafts`` drafted tokens in all.
+
+        Interpolated along batch for every drafts column, then along drafts, each step as
+        ``lo + f * (hi - lo)`` kept <= hi; a running max over the columns undoes rounding only
+        (the fit is monotone), so the result is exactly non-decreasing in drafts (and in tokens)."""
+        b, k = self._coords(batch, drafts)
+        ib, ib1, fb = _interp(self._b, b)
+        ik, ik1, fk = _interp(self._k, k)
+        col = _lerp(self._fit[ib], self._fit[ib1], fb[..., None])
+        col = torch.cummax(col, dim=-1).values
+        out = _lerp(col.gather(-1, ik[..., None])[..., 0], col.gather(-1, ik1[..., None])[..., 0],
+                    fk)
+        out = (out + self._slope_k * (k - self._k[-1]).clamp_min(0)
+               + self._slope_b * (b - self._b[-1]).clamp_min(0))
+        if not isinstance(batch, torch.Tensor) and not isinstance(drafts, torch.Tensor) \
+                and out.dim() == 0:
+            return float(out)
+        dev = next((x.device for x in (drafts, batch) if isinstance(x, torch.Tensor)), None)
+        return out if dev is None else out.to(dev)
+
+    def __call__(self, batch, tokens):
+        """C(batch, tokens): seconds to verify ``tokens`` tokens in all for ``batch`` requests."""
+        return self.seconds(batch, tokens - batch)
+
+    def update(self, batch: int, tokens: int, seconds: float, *, refit: bool = True) -> None:
+        """Refine from one observed verification: ``batch`` requests, ``tokens`` verified in all,
+        ``seconds`` taken. The observation's ratio to the current fit, r = seconds / C(batch,
+        tokens), sets a target r * fit for each grid cell around the point (its bilinear corners,
+        clamped into the grid); each raw cell moves by an exponential moving average,
+        raw += alpha * corner weight * (target - raw), its weight (evidence) grows by the corner
+        weight up to 1/alpha, and the isotonic fit is recomputed (``refit=False`` defers it to a
+        later :meth:`refit`). On a grid point this is raw <- (1-alpha) raw + alpha seconds."""
+        s = float(seconds)
+        if not (math.isfinite(s) and s > 0):
+            raise ValueError(f"seconds: must be positive and finite, got {seconds!r}")
+        if batch < 1 or tokens < batch:
+            raise ValueError(f"batch/tokens: need batch >= 1 and tokens >= batch, got {batch}, "
+                             f"{tokens}")
+        r = s / float(self(batch, tokens))
+        ib, ib1, fb = _interp(self._b, torch.tensor(float(batch), dtype=torch.float64))
+        ik, ik1, fk = _interp(self._k, torch.tensor(float(tokens - batch), dtype=torch.float64))
+        for i, j, w in ((ib, ik, (1 - fb) * (1 - fk)), (ib, ik1, (1 - fb) * fk),
+                        (ib1, ik, fb * (1 - fk)), (ib1, ik1, fb * fk)):
+            i, j, w = int(i), int(j), float(w)
+            if w > 0:
+                self.raw[i, j] += self.alpha * w * (r * self.fit[i, j] - self.raw[i, j])
+                cap = max(1 / self.alpha, self.weights[i, j])
+                self.weights[i, j] = min(self.weights[i, j] + w, cap)
+        if refit:
+            self.refit()
+
+    def to_dict(self) -> dict:
+        return {"batches": self.batches, "drafts": self.drafts, "seconds": self.raw.tolist(),
+                "weights": self.weights.tolist(), "alpha": self.alpha}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostTable:
+        return cls(d["batches"], d["drafts"], d["seconds"], d.get("weights"),
+                   alpha=d.get("alpha", 0.2))
+
+
+def _once(call: Callable[[], object], device) -> float:
+    _m.sync(device)
+    t0 = time.perf_counter()
+    call()
+    _m.sync(device)
+    return time.perf_counter() - t0
+
+
+def _median_s(call: Callable[[], object], share_s: float, device) -> float:
+    """Seconds per call within about ``share_s``: one synchronized call first (warm-up and an
+    estimate); where the share holds ten more, ``trimpass.measure.median_ms`` over what is left;
+    else the median of synchronized calls repeated while the share lasts (at least one)."""
+    t0 = time.perf_counter()
+    first = _once(call, device)
+    left = share_s - (time.perf_counter() - t0)
+    if left >= max(10 * first, 0.02):
+        return _m.median_ms(call, device, min_time_s=(left - first) / 2) / 1e3
+    samples = [first]
+    while time.perf_counter() - t0 + first <= share_s and len(samples) < 1000:
+        samples.append(_once(call, device))
+    return statistics.median(samples[1:] or samples)
+
+
+def measure(fn: Callable[[int, int], object], batches: Sequence[int], drafts: Sequence[int], *,
+            budget_s: float = 30.0, device: torch.device | str = "cpu",
+            timer: Callable[[Callable[[], object], float], float] | None = None) -> CostTable:
+    """Time ``fn(batch, drafts)`` (one verification of ``batch`` requests carrying ``drafts``
+    drafted tokens in all; or one drafting step, with ``drafts=[0]``) at every grid cell, and fit.
+
+    Each cell gets an equal share of what is left of ``budget_s``; the default timer spends about
+    its share (``trimpass.measure.median_ms`` where the share holds ten calls, else repeated
+    synchronized calls), so the total stays within about one call per cell of the budget and every
+    cell is timed at least once. ``timer(call, share_s) -> seconds`` replaces it.
+    """
+    bs, ks = _axis("batches", batches), _axis("drafts", drafts)
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s: must be positive, got {budget_s}")
+    timer = timer or (lambda call, share: _median_s(call, share, device))
+    cells = [(b, k) for b in bs for k in ks]
+    t0 = time.perf_counter()
+    out = np.empty((len(bs), len(ks)))
+    for n, (b, k) in enumerate(cells):
+        share = max(0.0, budget_s - (time.perf_counter() - t0)) / (len(cells) - n)
+        out[n // len(ks), n % len(ks)] = timer(lambda b=b, k=k: fn(b, k), share)
+    return CostTable(bs, ks, out)
+
+
+def cached_table(model_key: str, fn: Callable[[int, int], object], batches: Sequence[int],
+                 drafts: Sequence[int], *, device: torch.device | str = "cpu",
+                 budget_s: float = 30.0, refresh: bool = False,
+                 timer: Callable[[Callable[[], object], float], float] | None = None) -> CostTable:
+    """:func:`measure` once per device name, torch version, ``model_key`` and grid, kept under
+    ``<cache_dir>/measure/`` by ``trimpass.measure.cached``: measured again when any changes."""
+    key = f"dcut-cost:{model_key}:b={list(batches)}:k={list(drafts)}"
+    value = _m.cached(key, lambda: measure(fn, batches, drafts, budget_s=budget_s, device=device,
+                                           timer=timer).to_dict(), device, refresh=refresh)
+    return CostTable.from_dict(value)

@@ -1,0 +1,199 @@
+"""D-Cut: one verification budget shared by every request of a batch, engine-independent. The
+drafter gives each drafted token a confidence c_{i,t} (its probability of the token it drafted); the
+score s_{i,k} = prod_{t<=k} c_{i,t} estimates P(request i accepts >= k drafted tokens), so the
+expected tokens a step emits when request i keeps its first n_i drafted tokens is B + sum_i
+sum_{k<=n_i} s_{i,k} (every request emits its bonus or corrected token). :func:`dcut` picks the
+total K of drafted tokens verified, shared out by global score rank (scores fall along a draft, so
+the top K is a prefix of every request's draft), that maximizes expected emitted tokens per second,
+(B + top-K score sum) / (draft_time + C(B, B + K)), with C the verification cost (a callable or a
+:class:`trimpass.budget.costmodel.CostTable`); ``buckets`` limits K to static shapes.
+:func:`draft_more` says, after each step of a chain drafter, which requests can still put a token
+into the cut, so drafting can stop per request and for the whole batch.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["dcut", "draft_more", "scores"]
+
+Cost = Callable[..., object]
+
+
+def _check_confidences(confidences, *, min_gamma: int) -> torch.Tensor:
+    if not isinstance(confidences, torch.Tensor):
+        confidences = torch.as_tensor(confidences)
+    if confidences.dim() != 2:
+        raise ValueError(f"confidences: expected a 2-D [batch, gamma] tensor, got shape "
+                         f"{tuple(confidences.shape)}")
+    if confidences.shape[1] < min_gamma:
+        raise ValueError(f"confidences: gamma (dim 1) must be >= {min_gamma}, got "
+                         f"{confidences.shape[1]}")
+    c = confidences.detach().to(torch.float64)
+    bad = torch.isnan(c) | (c < 0) | (c > 1)
+    if bad.any():
+        i, t = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"confidences: every entry must lie in [0, 1] (no NaN); "
+                         f"confidences[{i}, {t}] = {float(c[i, t])}")
+    return c
+
+
+def _check_time(value, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: must be finite and >= 0 seconds, got {value!r}")
+    return v
+
+
+def _check_buckets(buckets) -> list[int] | None:
+    if buckets is None:
+        return None
+    out = []
+    for b in buckets:
+        try:
+            ok = not isinstance(b, bool) and float(b).is_integer()
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"buckets: entries must be integers, got {b!r}")
+        out.append(int(b))
+    if any(b < 0 for b in out):
+        raise ValueError(f"buckets: entries must be >= 0, got {out}")
+    if any(a >= b for a, b in itertools.pairwise(out)):
+        raise ValueError(f"buckets: must be sorted strictly increasing, got {out}")
+    return out
+
+
+def scores(confidences) -> torch.Tensor:
+    """s_{i,k} = prod_{t<=k} c_{i,t} in float64: non-increasing along every draft."""
+    return torch.cumprod(_check_confidences(confidences, min_gamma=0), dim=1)
+
+
+def _costs(cost: Cost, batch: int, ks: torch.Tensor) -> torch.Tensor:
+    """C(batch, batch + K) for every K in ``ks`` (int64, CPU), float64 seconds, checked.
+
+    One call on a tensor of token counts when ``cost`` accepts one (a ``CostTable``, arithmetic on
+    its argument); otherwise, or if that call fails or returns the wrong shape, one call per K.
+    """
+    tokens = ks + batch
+    out = None
+    try:
+        got = torch.as_tensor(cost(batch, tokens), dtype=torch.float64).cpu()
+        if got.numel() in (1, tokens.numel()):
+            out = got.reshape(-1).expand(tokens.shape).clone()
+    except Exception:  # not tensor-capable: per-K calls below surface real errors
+        out = None
+    if out is None:
+        out = torch.tensor([float(cost(batch, t)) for t in tokens.tolist()], dtype=torch.float64)
+    bad = ~torch.isfinite(out) | (out <= 0)
+    if bad.any():
+        j = int(bad.nonzero()[0, 0])
+        raise ValueError(f"cost: must return positive, finite seconds; cost({batch}, "
+                         f"{int(tokens[j])}) = {float(out[j])}")
+    return out
+
+
+def _rank(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global order of the B*gamma scores (descending; ties by request, then position) and the
+    sorted scores. Flat index i*gamma + k is (request, position) order, and the sort is stable."""
+    flat = s.reshape(-1)
+    order = torch.sort(-flat, stable=True).indices
+    return order, flat[order]
+
+
+def dcut(confidences, cost: Cost, draft_time: float = 0.0,
+         buckets: Sequence[int] | None = None) -> torch.Tensor:
+    """Tokens of each request's draft to verify: a LongTensor [B] of prefix lengths n_i.
+
+    ``confidences`` [B, gamma] in [0, 1] (zeros past a request's draft); ``cost(batch, tokens)`` is
+    the seconds to verify ``tokens`` tokens in all for ``batch`` requests (B + K: one per request
+    plus the K drafted tokens kept); ``draft_time`` the seconds already spent drafting this step.
+    Every candidate K (0..B*gamma, or 0 and the ``buckets`` <= B*gamma) is scored in one shot:
+    rate(K) = (B + sum of the K highest scores) / (draft_time + C(B, B + K)); the first K of
+    highest rate wins (equal rates choose fewer tokens: under a cost non-decreasing in tokens a
+    zero-score token is never kept unless a bucket forces padding), and K = 0 when no verified
+    token pays for itself. The kept tokens are
+    the K highest scores, ties broken by request index then position, so n_i is a prefix length and
+    sum(n) = K. With ``buckets``, n_i may reach into zero-confidence positions (padding to the
+    bucket's static shape). Host reads happen for the checks and for per-K cost calls.
+    """
+    c = _check_confidences(confidences, min_gamma=1)
+    dt = _check_time(draft_time, "draft_time")
+    bk = _check_buckets(buckets)
+    if not callable(cost):
+        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
+    B, gamma = c.shape
+    if B == 0:
+        return torch.zeros(0, dtype=torch.long, device=c.device)
+    s = torch.cumprod(c, dim=1)
+    order, sorted_s = _rank(s)
+    gain = torch.cat([sorted_s.new_zeros(1), torch.cumsum(sorted_s, 0)])  # gain[K], K=0..B*gamma
+    total = B * gamma
+    if bk is None:
+        ks = torch.arange(total + 1)
+    else:
+        ks = torch.tensor(sorted({0, *(b for b in bk if b <= total)}), dtype=torch.long)
+    seconds = _costs(cost, B, ks).to(s.device)
+    rate = (B + gain[ks.to(s.device)]) / (dt + seconds)
+    K = ks.to(s.device)[torch.argmax(rate)]  # first maximum: the smallest K among equal rates
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(total, device=s.device)
+    return (rank.view(B, gamma) < K).sum(dim=1)
+
+
+def draft_more(confidences, cost: Cost, draft_time_per_step: float, *, gamma_max: int,
+               draft_time_base: float = 0.0) -> torch.Tensor:
+    """Which requests of a chain drafter can still put a drafted token into the cut: BoolTensor [B].
+
+    Call after each drafting step with the confidences so far, [B, d] (d may be 0; zeros for a
+    request already stopped); stop drafting request i where False, and the whole batch when none
+    is True (always at d = ``gamma_max``). The final draft has depth D in [d, gamma_max] and is cut
+    by ``dcut(conf[:, :D], cost, draft_time_base + D * draft_time_per_step)`` (no buckets). The rule
+    (all quantities from the current draft only):
+
+    - T_max = draft_time_base + gamma_max * draft_time_per_step bounds the final draft time;
+    - r_lb = max over K in 0..B*d of (B + sum of the K highest current scores) / (T_max + C(B,
+      B+K)) bounds the final optimal rate R* from below (the current tokens are still there);
+    - dC(K) = C(B, B+K) - C(B, B+K-1) for K in 1..B*gamma_max, the marginal cost of the K-th token;
+    - a future token x of request i scores <= s_i = its current last score (1 at d = 0), so it
+      ranks after every current score > s_i and every current score == s_i of a request j <= i:
+      if kept, the cut holds K* >= k_i = 1 + that count;
+    - request i is active iff s_i > r_lb * min_{K >= k_i} dC(K).
+
+    Why this never stops a request the final cut would extend: at the chosen K* every smaller K
+    rates strictly lower (first maximum), so R(K*) > R(K*-1), i.e. its last kept score
+    x > R* * dC(K*) >= r_lb * min_{K >= k_i} dC(K). Flat cost regions (dC = 0) keep every request
+    with a positive score active; a request whose last score is 0 is never active.
+    """
+    c = _check_confidences(confidences, min_gamma=0)
+    step = _check_time(draft_time_per_step, "draft_time_per_step")
+    base = _check_time(draft_time_base, "draft_time_base")
+    if isinstance(gamma_max, bool) or not float(gamma_max).is_integer() or gamma_max < 1:
+        raise ValueError(f"gamma_max: must be an integer >= 1, got {gamma_max!r}")
+    gamma_max = int(gamma_max)
+    B, d = c.shape
+    if d > gamma_max:
+        raise ValueError(f"confidences: {d} drafted positions exceed gamma_max={gamma_max}")
+    if not callable(cost):
+        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
+    if B == 0 or d == gamma_max:
+        return torch.zeros(B, dtype=torch.bool, device=c.device)
+    s = torch.cumprod(c, dim=1).cpu()
+    last = s[:, -1] if d > 0 else torch.ones(B, dtype=torch.float64)
+    seconds = _costs(cost, B, torch.arange(B * gamma_max + 1))
+    gain = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(_rank(s)[1], 0)])
+    r_lb = torch.max((B + gain) / (base + gamma_max * step + seconds[: B * d + 1]))
+    dC = seconds[1:] - seconds[:-1]  # dC[K-1] = marginal cost of the K-th token
+    tail_min = torch.flip(torch.cummin(torch.flip(dC, [0]), 0).values, [0])  # min over K' >= K
+    flat = s.reshape(-1)
+    owner = torch.arange(B).repeat_interleave(d)
+    ahead = (flat[None, :] > last[:, None]) | ((flat[None, :] == last[:, None])
+                                               & (owner[None, :] <= torch.arange(B)[:, None]))
+    k = 1 + ahead.sum(dim=1)  # <= B*d + 1 <= B*gamma_max
+    return (last > r_lb * tail_min[k - 1]).to(c.device)
