@@ -57,13 +57,16 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return out
 
 
-def _state_ms(draft, device, reps: int = 256) -> float:
+def _state_ms(draft, device, reps: int = 256) -> float | None:
     """Median ms of one step's state update: what the graph's ``admit`` op runs for one new id
     (its successors if configured, admission into the batch-1 row, counting it for the learned
     core, and every ``LEARN_EVERY`` calls the learned core's re-ranking), timed over runs of
     ``LEARN_EVERY`` calls so the re-ranking is amortized exactly, on a copy of the state."""
     from trimpass.state import LEARN_EVERY
-    st = copy.deepcopy(trimpass._state(draft, "demo"))  # the drafter's own state stays untouched
+    st = trimpass._state(draft, "demo", required=False)
+    if st is None:  # the pass did not run (TRIMPASS_DISABLE=1): no state to time
+        return None
+    st = copy.deepcopy(st)  # the drafter's own state stays untouched
     ids = torch.randint(0, st.V, (reps, 1, 1), device=st.idx.device)
     turn = itertools.cycle(range(reps))  # a different random id at each call
 
@@ -82,7 +85,9 @@ def _head_ms(model, device) -> float:
 
 
 def _track_active(draft, act: list) -> None:
-    act.append(trimpass.stats(draft)["active"][0])
+    st = trimpass._state(draft, "demo", required=False)  # None when the pass did not run
+    if st is not None:
+        act.append(st.stats()["active"][0])
 
 
 def _plot(rows, path: str, model_name: str) -> None:
@@ -147,7 +152,8 @@ def main(args) -> int:
                              on_draft_call=track)
         head_runs = head_ops() - before
         active = statistics.mean(act) if act else V
-        state = _state_ms(draft, device) / st.draft_ms if cfg is not None else None
+        state_ms = _state_ms(draft, device) if cfg is not None else None
+        state = None if state_ms is None else state_ms / st.draft_ms
         rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
                          tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state,
                          draft_calls=st.draft_calls, head_runs=head_runs,
