@@ -2,7 +2,8 @@
 
 Save a baseline per machine and compare a change against it (see README):
     TRIMPASS_BENCH=full pytest bench/test_head.py --benchmark-save=base
-    TRIMPASS_BENCH=full pytest bench/test_head.py --benchmark-compare --benchmark-compare-fail=median:10%
+    TRIMPASS_BENCH=full pytest bench/test_head.py --benchmark-compare \
+        --benchmark-compare-fail=median:10%
 """
 import os
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from trimpass import ops
-from trimpass.headbench import SHAPES
+from trimpass.shapes import HEADS as SHAPES
 
 FULL = os.environ.get("TRIMPASS_BENCH") == "full"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

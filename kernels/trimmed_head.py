@@ -1,12 +1,15 @@
-"""Trimmed-vocabulary LM head: ``out[g, r, j] = epilogue(x[g, r, :] . W[idx[g, j], :] + bias[idx[g, j]])``.
+"""Trimmed-vocabulary LM head:
+``out[g, r, j] = epilogue(x[g, r, :] . W[idx[g, j], :] + bias[idx[g, j]])``.
 
-The active ids live in a capacity-sized buffer ``idx[G, CAP]`` with a device-side count ``count[G]``
-(G = 1 for a static vocabulary, G = batch rows for the dynamic one). The grid is static: programs whose
-block of ids starts past the count exit before touching ``W``, so a launch needs no host read of the
-count and can be captured in a CUDA graph. Two output layouts: compact (column ``j``) and scattered
-into a V-sized row (column ``idx[g, j]``), whose caller pre-fills ``-inf``. Scale and soft-capping are
-applied to active logits only, so an inactive id never becomes finite. The file holds, in order: the
-kernel, its autotune configs, the launcher, and a pure-torch reference with the same signature.
+The active ids live in a capacity-sized buffer ``idx[G, CAP]`` with a device-side count
+``count[G]`` (G = 1 for a static vocabulary, G = batch rows for the dynamic one). The grid is
+static: programs whose block of ids starts past the count exit before touching ``W``, so a launch
+needs no host read of the count and can be captured in a CUDA graph. Two output layouts: compact
+(column ``j``) and scattered into a V-sized row (column ``idx[g, j]``), whose caller pre-fills
+``-inf``. Scale and soft-capping are applied to active logits only, so an inactive id never becomes
+finite. The file holds, in order: the kernel, its autotune configs (``CONFIGS``; the launcher's
+``config=`` pins one, so tests can run each under the interpreter), the launcher, and a pure-torch
+reference with the same signature.
 """
 from __future__ import annotations
 
@@ -77,14 +80,15 @@ def _trimmed_head_kernel(
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-_CONFIGS = [
+CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_D": bd}, num_warps=w, num_stages=s)
     for bm, bk, bd, w, s in [
         (16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 128, 64, 4, 4), (16, 64, 256, 8, 3),
         (32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
     ]
 ]
-# The interpreter cannot time configs ("0 active drivers"), so it gets exactly one.
+# The interpreter cannot time configs ("0 active drivers"), so the tuner gets exactly one there;
+# tests run every one of CONFIGS by passing ``config=`` to the launcher.
 _INTERPRET_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_D": 64})]
 
 
@@ -95,7 +99,7 @@ def _prune(configs, named_args, **kwargs):
 
 
 _tuned_kernel = triton.autotune(
-    configs=_INTERPRET_CONFIGS if INTERPRET else _CONFIGS,
+    configs=_INTERPRET_CONFIGS if INTERPRET else CONFIGS,
     key=["M_BUCKET", "D", "CAP", "SCATTER"],
     prune_configs_by={"early_config_prune": _prune},
 )(_trimmed_head_kernel)
@@ -108,11 +112,12 @@ def _m_bucket(rows: int) -> int:
 def trimmed_head(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
                  bias: torch.Tensor | None = None, *, scale: float = 1.0, softcap: float = 0.0,
                  out: torch.Tensor | None = None, scatter: bool = False,
-                 fill_tail: bool = True) -> torch.Tensor:
+                 fill_tail: bool = True, config: triton.Config | None = None) -> torch.Tensor:
     """Launch the kernel on ``x[G, R, d]``, ``idx[G, CAP]``, ``count[G]``; metadata must be checked.
 
-    Compact mode writes ``out[G, R, CAP]`` (``-inf`` past the count when ``fill_tail``); scatter mode
-    writes active columns of a caller-provided ``out[G, R, V]`` and leaves the rest untouched.
+    Compact mode writes ``out[G, R, CAP]`` (``-inf`` past the count when ``fill_tail``); scatter
+    mode writes active columns of a caller-provided ``out[G, R, V]`` and leaves the rest untouched.
+    ``config`` (one of :data:`CONFIGS`) pins the launch to that config instead of the autotuner's.
     """
     G, R, D = x.shape
     CAP = idx.shape[1]
@@ -121,14 +126,16 @@ def trimmed_head(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count
     if R == 0 or CAP == 0:
         return out
     upcast = INTERPRET and x.dtype == torch.bfloat16
-    grid = lambda meta: (triton.cdiv(CAP, meta["BLOCK_K"]), triton.cdiv(R, meta["BLOCK_M"]), G)
-    _tuned_kernel[grid](
+    kernel, meta = (_tuned_kernel, {}) if config is None else \
+        (_trimmed_head_kernel, config.all_kwargs())
+    grid = lambda m: (triton.cdiv(CAP, m["BLOCK_K"]), triton.cdiv(R, m["BLOCK_M"]), G)  # noqa: E731
+    kernel[grid](
         x, weight, bias if bias is not None else weight, idx, count, out,
         R, D, CAP, _m_bucket(R),
         x.stride(0), x.stride(1), weight.stride(0), idx.stride(0), out.stride(0), out.stride(1),
         float(scale), float(softcap) if softcap else 1.0,
         HAS_BIAS=bias is not None, SCATTER=scatter, FILL_TAIL=fill_tail and not scatter,
-        SOFTCAP=bool(softcap), UPCAST=upcast,
+        SOFTCAP=bool(softcap), UPCAST=upcast, **meta,
     )
     return out
 
@@ -145,6 +152,7 @@ def trimmed_head_reference(x: torch.Tensor, weight: torch.Tensor, idx: torch.Ten
                            out: torch.Tensor | None = None, scatter: bool = False,
                            fill_tail: bool = True) -> torch.Tensor:
     """Pure-torch reference of :func:`trimmed_head`, same signature and layout, fp32 maths."""
+    from trimpass.ops import softcap as soft_cap
     G, R, _ = x.shape
     CAP = idx.shape[1]
     if out is None:
@@ -155,9 +163,7 @@ def trimmed_head_reference(x: torch.Tensor, weight: torch.Tensor, idx: torch.Ten
         z = x[g].float() @ weight[ids].float().T
         if bias is not None:
             z = z + bias[ids].float()
-        z = z * scale
-        if softcap:
-            z = softcap * torch.tanh(z / softcap)
+        z = soft_cap(z * scale, softcap)
         if scatter:
             out[g][:, ids] = z.to(out.dtype)
         else:

@@ -1,4 +1,5 @@
-"""The registered ops: both kernels against F.linear, opcheck, torch.compile, the CPU cache, bad input."""
+"""The registered ops: both kernels against F.linear, opcheck, torch.compile, the CPU cache, bad
+input."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,9 +18,8 @@ def _head(V=1009, d=96, K=123, dtype=torch.float32, bias=False):
 
 
 def _full_ref(x, w, b, idx, scale=1.0, softcap=0.0):
-    z = F.linear(x.double(), w.double(), None if b is None else b.double()) * scale
-    if softcap:
-        z = softcap * torch.tanh(z / softcap)
+    z = ops.softcap(F.linear(x.double(), w.double(), None if b is None else b.double()) * scale,
+                    softcap)
     out = torch.full_like(z, float("-inf"))
     out[..., idx] = z[..., idx]
     return out
@@ -117,6 +117,45 @@ def test_cpu_cache_is_incremental_and_follows_weight_updates():
         w.mul_(-3.0)  # in place: same storage, new version
     out = ops.head_compact(x, w, None, idx, count)
     assert_close_rel(out, _full_ref(x, w, None, idx)[:, idx], torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_filled(dtype, threads):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        like = torch.zeros(1, dtype=dtype)
+        for fill in (float("-inf"), 0.0, -1.5):
+            out = ops.filled((3, 1001), fill, like)
+            assert out.dtype == dtype and torch.equal(out, torch.full((3, 1001), fill, dtype=dtype))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+def test_head_full_groups_with_empty_and_full_counts(idx_dtype):
+    V, d, cap = 301, 16, 9
+    w = torch.randn(V, d)
+    idx = torch.stack([torch.randperm(V)[:cap] for _ in range(3)]).to(idx_dtype)
+    count = torch.tensor([0, cap, 4], dtype=torch.int32)
+    x = torch.randn(3, 2, d)
+    out = ops.head_full(x, w, None, idx, count)
+    for g, n in enumerate(count.tolist()):
+        assert_close_rel(out[g], _full_ref(x[g], w, None, idx[g, :n].long()), torch.float32)
+    one = ops.head_full(x[:1, :1], w, None, idx[2], count[2:])  # the one-group fast path
+    assert_close_rel(one[0], _full_ref(x[0, :1], w, None, idx[2, :4].long()), torch.float32)
+
+
+def test_cpu_cache_follows_inference_mode_weights():
+    compact.clear()
+    with torch.inference_mode():  # no version counter: the rows cannot be trusted between calls
+        w, _, idx, count = _head(V=300, d=16, K=20)
+        x = torch.randn(1, 16)
+        ops.head_full(x, w, None, idx, count)
+        w.mul_(-2.0)
+        out = ops.head_full(x, w, None, idx, count)
+    assert_close_rel(out, _full_ref(x, w, None, idx), torch.float32)
 
 
 BAD = [

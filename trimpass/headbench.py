@@ -1,25 +1,19 @@
 """Side-by-side timing of the full LM head, the trimmed op, and a dense pre-gathered head.
 
 This machine (and CI) is shared and noisy, so the three variants are timed interleaved in one run
-and reported as ratios; a GPU run synchronizes inside each timed call. Used by ``python -m trimpass
-bench`` and by ``bench/gpu_check.py``.
+(:func:`trimpass.measure.interleaved_ms`) and reported as ratios; a GPU run waits for the device
+inside each timed call. Used by ``python -m trimpass bench`` and by select's measured cost model.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from trimpass import ops
-
-SHAPES = {  # name: (V, d) of real drafters' heads
-    "gemma3-270m": (262_144, 640),
-    "qwen2.5-0.5b": (151_936, 896),
-    "eagle-llama3-8b": (128_256, 4_096),
-}
+from trimpass.measure import interleaved_ms
+from trimpass.shapes import HEADS as SHAPES  # name: (V, d) of real drafters' heads
 
 
 @dataclass
@@ -40,34 +34,6 @@ class HeadTiming:
     @property
     def vs_dense(self) -> float:
         return self.trimmed_ms / self.dense_ms
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def interleaved_ms(fns: dict, rounds: int, device: torch.device, calls: int = 20) -> dict:
-    """Median over ``rounds`` of the mean ms per call of each zero-argument callable.
-
-    Each round runs every variant for ``calls`` back-to-back calls (as a drafter calls its head
-    step after step), in an order rotated from round to round so no variant always follows another.
-    """
-    times: dict = {k: [] for k in fns}
-    for fn in fns.values():  # warm-up: autotuning, caches, allocator
-        fn()
-        fn()
-    _sync(device)
-    names = list(fns)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = fns[name]
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            _sync(device)
-            times[name].append((time.perf_counter() - t0) * 1e3 / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def time_head(shape: str, K: int, M: int, *, dtype=torch.float32, device="cpu", rounds: int = 15,
@@ -96,5 +62,6 @@ def format_table(rows: list[HeadTiming]) -> str:
              "trimmed/dense |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.shape} ({r.V:,} x {r.d:,}) | {r.K:,} | {r.M} | {r.full_ms:.3f} | "
-                     f"{r.trimmed_ms:.3f} | {r.dense_ms:.3f} | x{r.speedup:.1f} | {r.vs_dense:.2f} |")
+                     f"{r.trimmed_ms:.3f} | {r.dense_ms:.3f} | x{r.speedup:.1f} | "
+                     f"{r.vs_dense:.2f} |")
     return "\n".join(lines)

@@ -1,17 +1,14 @@
-"""The trimmed LM-head ops, registered as ``torch.library`` custom ops in the ``trimpass`` namespace.
+"""The trimmed LM-head ops, ``torch.library`` custom ops in the ``trimpass`` namespace.
 
-Each op takes ``x[..., d]``, the full head ``weight[V, d]`` (optionally a bias), and the active ids as
-a capacity-sized buffer ``idx`` with a device-side ``count``: ``idx[CAP]``/``count[1]`` for one shared
-vocabulary, or ``idx[G, CAP]``/``count[G]`` with ``x[G, ..., d]`` for one vocabulary per batch row.
-Only metadata (dtype, device, shape) is checked here, so a step never syncs with the host; token-id
-values are checked where they enter (:func:`trimpass.vocab.as_index`). The kernel is picked per
-call: the Triton kernel on CUDA tensors (or anywhere when forced, e.g. under ``TRITON_INTERPRET=1``),
-and on CPU a dense matmul on a cached compact copy of the active rows (:mod:`trimpass.compact`).
-
-These are ``custom_op`` rather than ``triton_op`` on every device: ``triton_op``/``wrap_triton``
-fails in Dynamo's fake-tensor tracing under the Triton interpreter, and the CPU path keeps a cache
-that must stay opaque to the compiler. The kernel already fuses its epilogue, so inductor seeing
-inside it would gain nothing, and an opaque op is still captured by CUDA graphs.
+Each op takes ``x[..., d]``, the full head ``weight[V, d]`` (maybe a bias) and the active ids as
+a capacity-sized buffer ``idx`` with a device-side ``count`` (``idx[CAP]``/``count[1]`` shared, or
+``idx[G, CAP]``/``count[G]`` with ``x[G, ..., d]``, one vocabulary per batch row); only metadata is
+checked, so a step never syncs with the host (ids are checked where they enter,
+:func:`trimpass.vocab.as_index`). On CUDA (or when forced, e.g. under ``TRITON_INTERPRET=1``) the
+Triton kernel runs; on CPU a dense matmul on a cached compact copy of the active rows
+(:mod:`trimpass.compact`), whose logits go into the ``-inf`` row by the counts the host reads for
+free there. They are plain ``Library`` ops, not ``triton_op``: ``wrap_triton`` fails in Dynamo's
+fake-tensor tracing under the interpreter, and the CPU cache must stay opaque to the compiler.
 """
 from __future__ import annotations
 
@@ -51,11 +48,12 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def check_head_args(x, weight, bias, idx, count) -> int:
-    """Check metadata of a head call; return G, the number of id groups. Raises before any launch."""
+    """Check a head call's metadata; return G, the number of id groups. Raises before any launch."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x: expected a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
     if weight.dim() != 2:
-        raise ValueError(f"weight: expected the full head as [V, d], got shape {tuple(weight.shape)}")
+        raise ValueError(f"weight: expected the full head as [V, d], got shape "
+                         f"{tuple(weight.shape)}")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x and weight: hidden sizes differ (x has d={x.shape[-1]}, weight has "
                          f"d={weight.shape[1]}); pass the head's input, not another activation")
@@ -112,10 +110,10 @@ def filled(shape, fill: float, like: torch.Tensor) -> torch.Tensor:
     """A new tensor of ``shape`` holding ``fill``, with ``like``'s dtype and device."""
     out = torch.empty(shape, dtype=like.dtype, device=like.device)
     as_int = _INT_VIEW.get(out.dtype)
-    if out.device.type != "cpu" or as_int is None:
+    if out.device.type != "cpu" or as_int is None or torch.get_num_threads() == 1:
         return out.fill_(fill)
     # Single-threaded on purpose: on a busy 2-core CPU, OpenMP's parallel fill of a V-sized row
-    # waits for a descheduled worker (measured: milliseconds a call); numpy's fill takes ~25 us.
+    # waits for a descheduled worker (measured: milliseconds a call); numpy's fill takes ~20 us.
     bits = _fill_bits.get((out.dtype, fill))
     if bits is None:
         bits = _fill_bits[out.dtype, fill] = torch.tensor(fill, dtype=out.dtype).view(as_int).item()
@@ -131,8 +129,7 @@ def _host_counts(cnt: torch.Tensor, cap: int) -> list[int]:
 def _torch_logits(x3, weight, bias, idx2, counts, scale, cap):
     """``[G, R, max(counts)]`` logits from the cached compact rows; a group's slots at or past its
     own count hold junk, which callers cut off."""
-    with torch.no_grad():
-        rows, brows = compact.compact_rows(weight, bias, idx2, max(counts))
+    rows, brows = compact.compact_rows(weight, bias, idx2, max(counts))
     if x3.shape[0] == 1:
         z = F.linear(x3[0], rows[0], None if brows is None else brows[0])[None]
     elif brows is not None:
@@ -155,13 +152,40 @@ def _cut(z3: torch.Tensor, counts: list[int], cap: int, fill: float) -> torch.Te
 
 def _place(z3: torch.Tensor, idx2: torch.Tensor, counts: list[int], V: int,
            fill: float) -> torch.Tensor:
-    """``z3[g, :, :count]`` at columns ``idx2[g, :count]`` of a new ``[G, R, V]`` of ``fill``. The ids
-    within a count are distinct: ``as_index`` and the dynamic state keep them a set."""
-    out = filled((*z3.shape[:2], V), fill, z3)
+    """``z3[g, :, :count]`` at columns ``idx2[g, :count]`` of a new ``[G, R, V]`` of ``fill``. The
+    ids within a count are distinct: ``as_index`` and the dynamic state keep them a set."""
+    G, R = z3.shape[:2]
+    out = filled((G, R, V), fill, z3)
     for g, c in enumerate(counts):
         if c:
-            out[g].index_copy_(-1, idx2[g, :c].long(), z3[g, :, :c])
+            ids = idx2[g, :c]
+            ids = ids if ids.dtype == torch.long else ids.long()
+            if R == 1:
+                out.view(G, V)[g].index_copy_(0, ids, z3[g, 0, :c])
+            else:
+                out[g].index_copy_(1, ids, z3[g, :, :c])
     return out
+
+
+def _full_one(x, weight, bias, idx, count, scale, cap):
+    """``head_full``'s torch path for one id group (a static vocabulary, or batch 1): the common
+    case, with as few tensor views as possible (each costs about a microsecond)."""
+    d, V = weight.shape[1], weight.shape[0]
+    ids = idx.view(1, -1)
+    n = min(max(int(count), 0), ids.shape[1])
+    rows, brows = compact.compact_rows(weight, bias, ids, n)
+    z = F.linear(x.reshape(-1, d), rows[0], None if brows is None else brows[0])
+    if scale != 1.0:
+        z.mul_(scale)
+    softcap(z, cap, inplace=True)
+    out = filled((z.shape[0], V), float("-inf"), x)
+    cols = ids[0, :n]
+    cols = cols if cols.dtype == torch.long else cols.long()
+    if z.shape[0] == 1:
+        out.view(V).index_copy_(0, cols, z.view(n))
+    else:
+        out.index_copy_(1, cols, z)
+    return out.view(*x.shape[:-1], V)
 
 
 def _compact_logits(x3, weight, bias, idx2, cnt, scale, cap):
@@ -204,6 +228,8 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
     G = check_head_args(x, weight, bias, idx, count)
     calls["head_full"] += 1
+    if G == 1 and not _use_triton(x):
+        return _full_one(x, weight, bias, idx, count, scale, softcap)
     x3, idx2, cnt = _grouped(x, idx, count, G)
     V = weight.shape[0]
     if _use_triton(x3):

@@ -1,19 +1,57 @@
 """The Triton trimmed-head kernel against its pure-torch reference, under TRITON_INTERPRET=1."""
 import pytest
 import torch
+from trimpass.kernels.trimmed_head import CONFIGS, trimmed_head, trimmed_head_reference
 
 from tests.conftest import assert_close_rel
-from trimpass.kernels.trimmed_head import trimmed_head, trimmed_head_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def _inputs(G, M, K, d, dtype, V=1531, cap=None):
+def _inputs(G, M, K, d, dtype, V=1531, cap=None, gen=None):
     cap = cap or K
-    x = torch.randn(G, M, d).to(dtype)
-    w = (torch.randn(V, d) / d**0.5).to(dtype)
-    idx = torch.stack([torch.randperm(V)[:cap] for _ in range(G)])
+    x = torch.randn(G, M, d, generator=gen).to(dtype)
+    w = (torch.randn(V, d, generator=gen) / d**0.5).to(dtype)
+    idx = torch.stack([torch.randperm(V, generator=gen)[:cap] for _ in range(G)])
     return x, w, idx
+
+
+def _assert_matches(out, ref, dtype):
+    """NaN (the poison: never written) exactly where the reference has it; the rest close."""
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)), "written / unwritten entries differ"
+    inf = float("inf")
+    assert_close_rel(out.nan_to_num(0.0, inf, -inf), ref.nan_to_num(0.0, inf, -inf), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "m{BLOCK_M}k{BLOCK_K}d{BLOCK_D}".format(
+    **c.kwargs))
+def test_every_config_matches_reference(config, dtype):
+    """Each autotune config, pinned, on fresh inputs sized to leave a partial block on every axis:
+    two row blocks, a full group and one whose count ends inside the first block of ids (so whole
+    programs start past the count), a hidden size that ends inside a block; bias, scale, softcap."""
+    bm, bk, bd = (config.kwargs[k] for k in ("BLOCK_M", "BLOCK_K", "BLOCK_D"))
+    gen = torch.Generator().manual_seed(bm * 7919 + bk * 31 + bd + 3 * DTYPES.index(dtype))
+    R, CAP, d = bm + 3, bk + 5, bd + 7
+    x, w, idx = _inputs(2, R, CAP, d, dtype, gen=gen)
+    bias = torch.randn(w.shape[0], generator=gen).to(dtype)
+    count = torch.tensor([CAP, bk - 3], dtype=torch.int32)
+    kw = dict(scale=0.9, softcap=3.0)
+
+    def run(**mode):
+        shape = (2, R, w.shape[0]) if mode.get("scatter") else (2, R, CAP)
+        out = torch.full(shape, float("nan"), dtype=dtype)  # poisoned: unwritten entries stay NaN
+        trimmed_head(x, w, idx, count, bias, **kw, **mode, out=out, config=config)
+        ref = trimmed_head_reference(x, w, idx, count, bias, **kw, **mode, out=torch.full_like(
+            out, float("nan")))
+        _assert_matches(out, ref, dtype)
+        return out
+
+    filled = run()
+    assert torch.isneginf(filled[1, :, bk - 3:]).all()
+    assert torch.isnan(run(fill_tail=False)[1, :, bk - 3:]).all(), "wrote past the count"
+    scattered = run(scatter=True)
+    assert (~torch.isnan(scattered[1])).sum() == R * (bk - 3), "scatter wrote an inactive column"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
