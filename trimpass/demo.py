@@ -115,10 +115,10 @@ def _plot(rows, path: str, model_name: str) -> None:
     plt.close(fig)
 
 
+@torch.no_grad()  # for the run only: the caller's grad mode comes back (tests run on after it)
 def main(args) -> int:
     import transformers
     transformers.logging.set_verbosity_error()  # generate()'s deprecation chatter, per call
-    torch.set_grad_enabled(False)
     model, tok, name = _model()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
