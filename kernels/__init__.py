@@ -1,1 +1,3 @@
-"""Triton kernels of trimpass, installed as ``trimpass.kernels``; each file: kernel, configs, launcher, reference."""
+"""Triton kernels of trimpass, installed as ``trimpass.kernels``.
+
+Each file holds, in order: kernel(s), autotune configs, launcher, pure-torch reference."""

@@ -1,4 +1,4 @@
-"""Test set-up: the Triton interpreter on (before triton is imported), fixed seeds, shared helpers."""
+"""Test set-up: the Triton interpreter on (before triton is imported), fixed seeds, helpers."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -10,7 +10,8 @@ TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def assert_close_rel(actual, expected, dtype):
-    """Finite entries agree to the dtype's tolerance relative to the largest magnitude; -inf agree."""
+    """Finite entries agree to the dtype's tolerance relative to the largest magnitude; -inf
+    entries agree exactly."""
     a, e = actual.double(), expected.double()
     assert torch.equal(torch.isneginf(a), torch.isneginf(e)), "-inf pattern differs"
     fin = torch.isfinite(e)

@@ -5,8 +5,8 @@ import re
 import pytest
 
 README = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
-BLOCKS = [b for b in re.findall(r"```python\n(.*?)```", open(README).read(), re.S)
-          if "vocab.pt" not in b]
+with open(README) as f:
+    BLOCKS = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S) if "vocab.pt" not in b]
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])

@@ -21,7 +21,8 @@ def load_ids(path: str | os.PathLike, name: str = "vocab") -> torch.Tensor:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise ValueError(f"{name}: could not read {str(path)!r} as a torch-saved tensor ({e})") from e
+        raise ValueError(f"{name}: could not read {str(path)!r} as a torch-saved tensor "
+                         f"({e})") from e
     if isinstance(obj, dict):
         if "ids" not in obj:
             raise ValueError(f"{name}: {str(path)!r} holds a dict without key 'ids' "
@@ -65,14 +66,16 @@ def check_ids(t: torch.Tensor, vocab_size: int | None, name: str = "vocab") -> N
                          "rows; was the list made with another tokenizer?")
     uniq = torch.unique(t)
     if uniq.numel() != t.numel():
-        dup = int(uniq[torch.bincount(t - int(t.min())).index_select(0, uniq - int(t.min())) > 1][0])
+        lo = int(t.min())
+        dup = int(uniq[torch.bincount(t - lo).index_select(0, uniq - lo) > 1][0])
         raise ValueError(f"{name}: token id {dup} appears more than once; pass each id once")
 
 
 def as_index(ids, vocab_size: int | None = None, keep: Iterable[int] = (), *,
              device: torch.device | str | None = None, name: str = "vocab"
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checked ``(idx, count)`` for the ops: sorted unique ids (``ids`` ∪ ``keep``) and their count."""
+    """Checked ``(idx, count)`` for the ops: sorted unique ids (``ids`` ∪ ``keep``), their
+    count."""
     t = as_ids(ids, name)
     check_ids(t, vocab_size, name)
     kept = as_ids(list(keep), "keep")

@@ -1,4 +1,4 @@
-"""Find LM heads in an FX graph by structure: a projection onto the vocabulary that reaches the output.
+"""Find LM heads in an FX graph by structure: a projection onto the vocabulary reaching the output.
 
 A head is ``F.linear`` / ``nn.Linear`` / ``matmul`` / ``mm`` / ``addmm`` / ``@`` whose weight is a
 graph input or attribute of shape ``[V, d]`` (used directly, or transposed for the matmul forms),
@@ -84,7 +84,8 @@ def _is_param(node, gm: fx.GraphModule) -> bool:
 
 
 def _transposed_source(node) -> fx.Node | None:
-    """If ``node`` is ``W.T`` / ``W.t()`` / ``W.transpose(0, 1)`` / ``W.permute(1, 0)``, return W."""
+    """If ``node`` is ``W.T`` / ``W.t()`` / ``W.transpose(0, 1)`` / ``W.permute(1, 0)``, return
+    W."""
     if not isinstance(node, fx.Node):
         return None
     t, a = _target(node), node.args
@@ -243,11 +244,13 @@ def _classify(user: fx.Node, src: fx.Node, chain: set, kinds: dict) -> tuple[str
         if all(a in chain for a in user.args[0]) and not _last_dim_ok(user, dim):
             return "chain", None
         return "", f"{user.name} joins logits with other tensors or along the vocabulary"
-    return "", f"the logits feed {user.name} ({t if isinstance(t, str) else getattr(t, '__name__', t)})"
+    what = t if isinstance(t, str) else getattr(t, "__name__", t)
+    return "", f"the logits feed {user.name} ({what})"
 
 
 def find_heads(gm: fx.GraphModule, example_inputs=None, vocab_size: int | None = None) -> Match:
-    """Locate every rewritable LM head of ``gm`` with its epilogue; record why others were skipped."""
+    """Locate every rewritable LM head of ``gm`` with its epilogue; record why others were
+    skipped."""
     embeds = _embeddings(gm, example_inputs)
     tables = [t for _, _, t in embeds if isinstance(t, torch.Tensor) and t.dim() == 2]
     V = max((t.shape[0] for t in tables), default=None) or vocab_size
