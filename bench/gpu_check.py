@@ -46,10 +46,11 @@ if ARGS.dry_run:
 try:
     import torch
     import torch.nn.functional as F
-    from trimpass.kernels import trimmed_head as kernel
 
     import trimpass
-    from trimpass import ops
+    from trimpass import measure, ops
+    from trimpass.kernels import trimmed_head as kernel
+    from trimpass.shapes import DRAFTERS
 except ImportError as e:
     print(f"gpu_check: cannot import {e.name}; install trimpass first (from the repository root: "
           "pip install --no-deps --no-build-isolation .)", file=sys.stderr)
@@ -57,6 +58,7 @@ except ImportError as e:
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
 DTYPE = torch.float32 if ARGS.dry_run else torch.bfloat16
+EAGLE = DRAFTERS["eagle-llama3-8b"]  # the real shape the GPU sections time (V, d, heads, ffn)
 # max |error| / max |reference|: bf16 logits round to 2^-8 relative; float32 only reorders sums
 HEAD_TOL = 1e-2 if DTYPE is torch.bfloat16 else 1e-4
 STEP_TOL = 3e-2 if DTYPE is torch.bfloat16 else 1e-4  # a whole drafter step, two compilers
@@ -165,14 +167,9 @@ def host_sync_guard():
 
 
 def bench_ms(fn) -> float:
-    if DEVICE == "cuda":
-        import triton.testing
-        return triton.testing.do_bench(fn, warmup=25, rep=100)
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        fn()
-    return (time.perf_counter() - t0) / 3 * 1e3
+    """Median ms per call: triton's do_bench on CUDA (100 ms of repetitions), torch's benchmark
+    Timer on the dry run's CPU (a short run: its numbers mean nothing)."""
+    return measure.median_ms(fn, DEVICE, min_time_s=0.1 if DEVICE == "cuda" else 0.02)
 
 
 def copy_gbps() -> float:
@@ -185,7 +182,7 @@ def copy_gbps() -> float:
 
 # ---- sections ----------------------------------------------------------------------------------
 def head_section(c: Checks) -> list[dict]:
-    V, d = (128_256, 4_096) if DEVICE == "cuda" else (1_031, 96)
+    V, d = EAGLE.head if DEVICE == "cuda" else (1_031, 96)
     ks = (3_000, 8_000, 16_000, 32_000) if DEVICE == "cuda" else (37, 100)
     copy = copy_gbps()
     g = torch.Generator().manual_seed(0)
@@ -242,7 +239,7 @@ def state_section(c: Checks) -> list[dict]:
     read of the active ids), with no host sync, and every received id active after it."""
     from trimpass.config import TrimConfig
     from trimpass.state import ActiveState
-    V = 128_256 if DEVICE == "cuda" else 1_031
+    V = EAGLE.V if DEVICE == "cuda" else 1_031
     cap, learn = (4096, 1024) if DEVICE == "cuda" else (64, 16)
     rows = []
     for B, S in ((1, 1), (1, 8), (8, 1)):
@@ -284,7 +281,8 @@ def e2e_section(c: Checks) -> list[dict]:
     """Draft step of an EAGLE-shaped drafter for Llama-3-8B, trimmed vs not (random weights)."""
     from trimpass.testing.models import EagleDrafter
     if DEVICE == "cuda":
-        V, d, heads, ffn, mode, inner = 128_256, 4_096, 32, 14_336, "reduce-overhead", "inductor"
+        V, d, heads, ffn = EAGLE.V, EAGLE.d, EAGLE.heads, EAGLE.ffn
+        mode, inner = "reduce-overhead", "inductor"
     else:
         V, d, heads, ffn, mode, inner = 1_031, 64, 4, 128, None, "aot_eager"
     cap, prompt_len = (4096, 512) if DEVICE == "cuda" else (64, 16)

@@ -1,6 +1,7 @@
 """The Triton admission kernel against its torch reference (differential, under the interpreter)."""
 import pytest
 import torch
+
 from trimpass.kernels.vocab_state import admit, admit_reference, find
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trimpass.__main__ import main
+from trimpass.isotonic import pav
 from trimpass.select import corpora, costmodel, counts, interop, tokenizers, tpe
 
 WORDS = {w: i for i, w in enumerate("abcdefgh")}
@@ -129,10 +130,10 @@ def test_measured_cost_model_is_an_isotonic_fit_of_noisy_timings():
                                        full_ms=2.0)
     assert slow.reduction(16_384) == pytest.approx(-2.0)  # slower than the full head: not hidden
     # a late low timing pools back through two earlier blocks: 6 with 2, then 5 with both
-    assert costmodel.isotonic([1.0, 5.0, 6.0, 2.0]) == pytest.approx([1.0, 13 / 3, 13 / 3, 13 / 3])
+    assert pav([1.0, 5.0, 6.0, 2.0]) == pytest.approx([1.0, 13 / 3, 13 / 3, 13 / 3])
     for seed in range(5):
         y = np.random.default_rng(seed).normal(size=12)
-        assert costmodel.isotonic(y) == pytest.approx(_isotonic_minmax(y))
+        assert pav(y) == pytest.approx(_isotonic_minmax(y))
 
 
 def test_measured_cost_model_on_this_machine_is_monotone_in_k():

@@ -11,18 +11,12 @@ Both are monotone in K by construction: FLOPs grow linearly, and an isotonic fit
 """
 from __future__ import annotations
 
-import json
-import os
-import platform
 from dataclasses import dataclass
 
 import numpy as np
 
-DRAFTERS = {  # name: (layers, d, ffn, V)
-    "gemma3-270m": (18, 640, 2048, 262_144),
-    "qwen2.5-0.5b": (24, 896, 4864, 151_936),
-    "eagle-llama3-8b": (1, 4096, 14336, 128_256),
-}
+from trimpass.isotonic import pav
+from trimpass.shapes import drafter
 
 
 @dataclass
@@ -34,9 +28,8 @@ class FlopsModel:
 
     @classmethod
     def named(cls, name: str) -> FlopsModel:
-        if name not in DRAFTERS:
-            raise ValueError(f"drafter: unknown {name!r}; choose one of {sorted(DRAFTERS)}")
-        return cls(*DRAFTERS[name])
+        s = drafter(name)
+        return cls(s.layers, s.d, s.ffn, s.V)
 
     def step_flops(self, K) -> np.ndarray:
         body = self.layers * 2 * (4 * self.d**2 + 3 * self.d * self.ffn)
@@ -44,18 +37,6 @@ class FlopsModel:
 
     def reduction(self, K) -> np.ndarray:
         return 1.0 - self.step_flops(K) / self.step_flops(self.V)
-
-
-def isotonic(y) -> np.ndarray:
-    """The least-squares non-decreasing fit of ``y`` (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, size]
-    for v in np.asarray(y, dtype=np.float64):
-        blocks.append([float(v), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            m2, n2 = blocks.pop()
-            m1, n1 = blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return np.concatenate([np.full(int(n), m) for m, n in blocks]) if blocks else np.zeros(0)
 
 
 @dataclass
@@ -78,7 +59,7 @@ class MeasuredModel:
             raise ValueError(f"cost model: needs timings at two or more distinct K, got {ks}")
         order = np.argsort(ks)
         ks, raw = ks[order], raw[order]
-        return cls(V, d, ks.tolist(), raw.tolist(), isotonic(raw).tolist(), float(full_ms),
+        return cls(V, d, ks.tolist(), raw.tolist(), pav(raw).tolist(), float(full_ms),
                    device)
 
     def ms(self, K) -> np.ndarray:
@@ -94,18 +75,13 @@ class MeasuredModel:
     @classmethod
     def measure(cls, V: int, d: int, device: str = "cpu", ks=(256, 1024, 4096, 16384),
                 cache: bool = True) -> MeasuredModel:
-        from trimpass.cache import cache_dir
+        from trimpass import measure
         from trimpass.headbench import time_head
-        tag = f"{platform.node()}-{device}-{V}x{d}-{'-'.join(map(str, ks))}"
-        path = os.path.join(cache_dir(), "costmodel-v2", f"{tag}.json")
-        if cache and os.path.exists(path):
-            with open(path) as f:
-                return cls(**json.load(f))
-        rows = [time_head("custom", K, 1, V=V, d=d, device=device, rounds=7) for K in ks]
-        m = cls.fit(V, d, ks, [r.trimmed_ms for r in rows],
-                    float(np.median([r.full_ms for r in rows])), device)
-        if cache:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(m.__dict__, f)
-        return m
+
+        def timed() -> dict:
+            rows = [time_head("custom", K, 1, V=V, d=d, device=device, rounds=7) for K in ks]
+            return cls.fit(V, d, ks, [r.trimmed_ms for r in rows],
+                           float(np.median([r.full_ms for r in rows])), device).__dict__
+
+        key = f"select-head:{V}x{d}:K={list(ks)}"  # device name and torch version: by cached()
+        return cls(**(measure.cached(key, timed, device) if cache else timed()))

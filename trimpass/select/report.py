@@ -9,6 +9,7 @@ import torch
 
 from trimpass.select import costmodel, interop, tokenizers, tpe
 from trimpass.select import counts as counting
+from trimpass.shapes import DRAFTERS
 
 
 def plot(sel: tpe.Selection, c_min: float, path: str, title: str) -> None:
@@ -35,7 +36,7 @@ def plot(sel: tpe.Selection, c_min: float, path: str, title: str) -> None:
 def run(args) -> dict:
     tpe.check_args(args.alpha, args.min_coverage)
     enc = tokenizers.get(args.tokenizer)
-    head_v = args.vocab_size or (costmodel.DRAFTERS[args.drafter][3] if args.drafter else
+    head_v = args.vocab_size or (DRAFTERS[args.drafter].V if args.drafter else
                                  enc.vocab_size)
     if enc.vocab_size > head_v:
         raise ValueError(f"tokenizer {args.tokenizer}: {enc.vocab_size} ids do not fit a head of "
@@ -45,7 +46,7 @@ def run(args) -> dict:
         cost = (costmodel.FlopsModel.named(args.drafter) if args.drafter else
                 costmodel.FlopsModel(18, 640, 2048, head_v))
     else:
-        d = costmodel.DRAFTERS[args.drafter][1] if args.drafter else 640
+        d = DRAFTERS[args.drafter].d if args.drafter else 640
         cost = costmodel.MeasuredModel.measure(head_v, d)
     sel = tpe.select(cs, cost, args.alpha, args.min_coverage, args.trials, args.max_k,
                      keep=args.keep or ())
