@@ -4,8 +4,16 @@ import copy
 
 import pytest
 import torch
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          LogitsProcessor, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 import trimpass
 from trimpass.testing.checks import head_runs
