@@ -1,4 +1,4 @@
-"""Command line: ``python -m trimpass {demo,bench} ...`` (``--help`` on each)."""
+"""Command line: ``python -m trimpass {demo,bench,select,train} ...`` (``--help`` on each)."""
 from __future__ import annotations
 
 import argparse
@@ -46,6 +46,19 @@ def _select(args) -> int:
               f"{c['counting_tokens_per_s'] / 1e6:.0f}M tokens/s")
     print(f"wrote {r['out']} (load with trimpass.backend(vocab=...)), "
           f"{os.path.splitext(r['out'])[0]}.json and {r['png']}")
+    return 0
+
+
+def _train(args) -> int:
+    from trimpass.train.trainer import run_cli as run
+    try:
+        r = run(args)
+    except ValueError as e:  # bad input: one clear line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"trained {r.steps} steps, {r.tokens:,} tokens in {r.wall_s:.1f}s "
+          f"({r.tokens_per_s:,.0f} tokens/s); last loss {r.losses[-1] if r.losses else 'n/a'}")
+    print(f"wrote {r.weights} (load with trimpass.models.gemma3_270m_drafter(weights=...))")
     return 0
 
 
@@ -104,6 +117,29 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--export-eagle3", metavar="PATH", help="also write EAGLE-3 d2t/t2d")
     s.add_argument("--out", default="vocab.pt")
     s.set_defaults(fn=_select)
+
+    t = sub.add_parser("train", help="train the Gemma-3-270M drafter for acceptance length",
+                       description="Cache the real Gemma-3-270M's top-k outputs on ShareGPT's "
+                       "train split, then train the truncated drafter's last layers with a "
+                       "distillation (kl) or acceptance-length (eal, wtv) loss, optionally "
+                       "followed by a GRPO stage; resumes from --out.")
+    t.add_argument("--loss", choices=["kl", "eal", "wtv"], default="kl")
+    t.add_argument("--grpo", action="store_true", help="add a GRPO stage after the base loss")
+    t.add_argument("--tokens", type=int, default=100_000, help="training token budget")
+    t.add_argument("--grpo-tokens", type=int, help="GRPO stage budget (default: tokens / 4)")
+    t.add_argument("--data-tokens", type=int, help="tokens of text cached (default: --tokens)")
+    t.add_argument("--layers", type=int, default=2, help="drafter's decoder layers")
+    t.add_argument("--train-layers", type=int, default=1, help="last layers trained (+ norm)")
+    t.add_argument("--gamma", type=int, default=4, help="tokens drafted per window")
+    t.add_argument("--temperature", type=float, default=1.0)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--batch", type=int, default=4)
+    t.add_argument("--seq-len", type=int, default=256)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in --out")
+    t.add_argument("--export-hf", action="store_true", help="also write OUT/hf (vLLM-loadable)")
+    t.add_argument("--out", default="train-out", help="folder for checkpoints and weights")
+    t.set_defaults(fn=_train)
 
     args = p.parse_args(argv)
     return args.fn(args)

@@ -1,4 +1,6 @@
-"""Training objectives for drafters: acceptance-length losses and GRPO pieces (see ``losses``)."""
+"""Training drafters for acceptance length: the losses and GRPO pieces (``losses``), the
+target-output cache (``cache``), training text (``data``) and the training loop (``trainer``)."""
+from trimpass.train.cache import TargetCache, build_cache, load_cache
 from trimpass.train.losses import (
     eal_loss,
     expected_length,
@@ -11,7 +13,9 @@ from trimpass.train.losses import (
     simulate_sampling,
     wtv_loss,
 )
+from trimpass.train.trainer import TrainResult, evaluate, train
 
-__all__ = ["greedy_acceptance", "sampling_acceptance", "expected_length", "kl_loss", "eal_loss",
+__all__ = ["train", "evaluate", "TrainResult", "TargetCache", "build_cache", "load_cache",
+           "greedy_acceptance", "sampling_acceptance", "expected_length", "kl_loss", "eal_loss",
            "wtv_loss", "group_advantages", "grpo_objective", "simulate_greedy",
            "simulate_sampling"]

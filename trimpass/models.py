@@ -1,0 +1,97 @@
+"""The models the project trains and ships, as plain Hugging Face causal-LM modules, and a writer
+for checkpoints an engine can load. :func:`gemma3_270m` is the real Gemma-3-270M target (the GGUF
+loader of ``trimpass.hf.gemma``, dequantized); :func:`gemma3_270m_drafter` is its self-speculative
+drafter (the first N decoder layers, the final norm and the tied head, as ``truncated`` makes it)
+deep-copied into an independent module, so training it never touches the target, optionally with
+trained parameters loaded from a safetensors file (:func:`load_weights`). Both come back in eval
+mode and untrimmed. :func:`save_hf` writes ``config.json`` (``architectures`` from the module's
+class, no quantization entry, ``tie_word_embeddings`` as in the module) and ``model.safetensors``
+(no pickle; a tied head is stored once, as the embedding), the layout vLLM and ``from_pretrained``
+read.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import torch
+
+__all__ = ["gemma3_270m", "gemma3_270m_drafter", "drafter_from", "load_weights", "save_hf",
+           "is_tied"]
+
+
+def gemma3_270m(dtype: torch.dtype = torch.float32):
+    """The real Gemma-3-270M (Gemma3ForCausalLM, eval mode, full vocabulary). Shared (cached)."""
+    from trimpass.hf.gemma import load_model
+    return load_model(dtype).eval()
+
+
+def drafter_from(target, layers: int = 2):
+    """An independent copy of ``target``'s first ``layers`` decoder layers + final norm + head."""
+    from trimpass.hf.gemma import truncated
+    n = len(target.model.layers)
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= n:
+        raise ValueError(f"layers must be an int in [1, {n}] (the target's decoder layers), "
+                         f"got {layers!r}")
+    draft = copy.deepcopy(truncated(target, layers))  # the memo keeps a tied head tied
+    for p in draft.parameters():
+        p.requires_grad_(False)
+    return draft.eval()
+
+
+def gemma3_270m_drafter(dtype: torch.dtype = torch.float32, layers: int = 2,
+                        weights: str | None = None):
+    """The Gemma-3-270M drafter: its first ``layers`` layers, independent of the target; with
+    ``weights`` (a safetensors file written by ``trimpass train``) the trained parameters loaded."""
+    draft = drafter_from(gemma3_270m(dtype), layers)
+    if weights is not None:
+        load_weights(draft, weights)
+    return draft
+
+
+def is_tied(module) -> bool:
+    out, inp = module.get_output_embeddings(), module.get_input_embeddings()
+    return out is not None and inp is not None and out.weight is inp.weight
+
+
+def load_weights(module, path: str) -> None:
+    """Load a safetensors file of (some of) ``module``'s parameters by state-dict name; unknown
+    names or shapes raise ValueError naming the file before anything is copied."""
+    from safetensors.torch import load_file
+    try:
+        sd = load_file(path)
+    except Exception as e:  # safetensors raises its own error types
+        raise ValueError(f"weights file {path} is unreadable or corrupt ({e})") from None
+    own = module.state_dict()
+    bad = [k for k in sd if k not in own or own[k].shape != sd[k].shape]
+    if bad:
+        raise ValueError(f"weights file {path} does not fit this module: {bad[:4]} unknown or "
+                         "misshapen (trained for another drafter or layer count?)")
+    with torch.no_grad():
+        for k, v in sd.items():
+            own[k].copy_(v)
+
+
+def save_hf(module, directory: str) -> str:
+    """Write ``module`` as a Hugging Face checkpoint directory (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+    cfg = module.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg.pop("_name_or_path", None)
+    cfg["architectures"] = [type(module).__name__]
+    tied = is_tied(module)
+    cfg["tie_word_embeddings"] = tied
+    dtype = next(module.parameters()).dtype
+    cfg["dtype"] = str(dtype).removeprefix("torch.")
+    sd = module.state_dict(keep_vars=True)
+    if tied:  # keep the embedding's entry only (safetensors refuses shared storage anyway)
+        head_mod = module.get_output_embeddings()
+        name = next(n for n, m in module.named_modules() if m is head_mod)
+        sd = {k: v for k, v in sd.items() if k != f"{name}.weight"}
+    sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in sd.items()}
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    save_file(sd, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return directory
