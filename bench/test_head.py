@@ -1,4 +1,4 @@
-"""Kernel regression suite: full head vs trimmed op vs a dense pre-gathered head, per drafter shape.
+"""Kernel regression suite: full head, trimmed op (compact and V-sized), dense pre-gathered head.
 
 Save a baseline per machine and compare a change against it (see README):
     TRIMPASS_BENCH=full pytest bench/test_head.py --benchmark-save=base
@@ -41,7 +41,8 @@ def _run(benchmark, fn):
 
 
 @pytest.mark.parametrize("shape,K,M", CASES)
-@pytest.mark.parametrize("variant", ["full", "trimmed", "trimmed_compiled", "dense"])
+@pytest.mark.parametrize("variant", ["full", "trimmed", "trimmed_full", "trimmed_compiled",
+                                     "dense"])
 def test_head(benchmark, variant, shape, K, M):
     x, w, idx, count = _setup(shape, K, M)
     benchmark.group = f"{shape} K={K} M={M}"
@@ -49,6 +50,9 @@ def test_head(benchmark, variant, shape, K, M):
         out = _run(benchmark, lambda: F.linear(x, w))
     elif variant == "trimmed":
         out = _run(benchmark, lambda: ops.head_compact(x, w, None, idx, count))
+    elif variant == "trimmed_full":  # the V-sized, -inf-filled output a drafter's graph returns
+        out = _run(benchmark, lambda: ops.head_full(x, w, None, idx, count))
+        out = out[:, idx]
     elif variant == "trimmed_compiled":
         fn = torch.compile(lambda x: ops.head_compact(x, w, None, idx, count), backend="inductor")
         out = _run(benchmark, lambda: fn(x))

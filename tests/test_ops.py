@@ -119,6 +119,28 @@ def test_cpu_cache_is_incremental_and_follows_weight_updates():
     assert_close_rel(out, _full_ref(x, w, None, idx)[:, idx], torch.float32)
 
 
+@pytest.mark.parametrize("G", [1, 3])
+def test_cpu_cache_follows_ids_changed_in_place_in_the_same_buffer(G):
+    """The same id buffer object, edited in place between calls (as the dynamic state does), and
+    a count that grows: every call reads the ids afresh."""
+    compact.clear()
+    V, d, cap = 400, 16, 30
+    w = torch.randn(V, d)
+    idx = torch.stack([torch.randperm(V)[:cap] for _ in range(G)])
+    idx = idx[0] if G == 1 else idx
+    count = torch.full((G,), 10, dtype=torch.int32)
+    x = torch.randn(G, 1, d) if G > 1 else torch.randn(1, d)
+    for step in range(4):
+        out = ops.head_full(x, w, None, idx, count)
+        for g in range(G):
+            ids = (idx if G == 1 else idx[g])[:int(count[g])]
+            assert_close_rel(out if G == 1 else out[g], _full_ref(x if G == 1 else x[g], w, None,
+                                                                  ids), torch.float32)
+        flat = idx.view(-1)
+        flat[step] = torch.arange(V)[~torch.isin(torch.arange(V), flat)][0]  # a new id
+        count += 3
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_filled(dtype, threads):
@@ -129,6 +151,7 @@ def test_filled(dtype, threads):
         for fill in (float("-inf"), 0.0, -1.5):
             out = ops.filled((3, 1001), fill, like)
             assert out.dtype == dtype and torch.equal(out, torch.full((3, 1001), fill, dtype=dtype))
+            assert torch.get_num_threads() == threads, "the thread count was not restored"
     finally:
         torch.set_num_threads(old)
 

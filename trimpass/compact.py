@@ -29,6 +29,8 @@ class _Entry:
     rows: torch.Tensor  # [G, CAP, d]
     bias: torch.Tensor | None  # [G, CAP]
     gathers: int = 0  # rows gathered over the entry's life (for tests and stats)
+    views: tuple = (-1,)  # (n, snapshot[:, :n], rows[:, :n], bias[:, :n]), made once per n
+    src: tuple = (None,)  # (idx, n, idx[:, :n], its flat view if G = 1) of the last call
 
 
 _cache: OrderedDict[tuple, _Entry] = OrderedDict()
@@ -50,9 +52,10 @@ def rows_gathered() -> int:
 
 
 def compact_rows(weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,
-                 n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rows ``weight[idx[g, j]]`` for ``j < n`` as ``[G, n, d]`` (bias ``[G, n]``), kept current."""
-    G, CAP = idx.shape
+                 n: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Rows ``weight[idx[g, j]]`` for ``j < n`` as ``[G, n, d]`` (bias ``[G, n]``), kept current,
+    and for G = 1 the ids ``idx[..., :n]`` as a flat view; ``idx`` is ``[G, CAP]`` or ``[CAP]``."""
+    G, CAP = (1, idx.shape[0]) if idx.dim() == 1 else idx.shape
     # Not keyed by idx's address: compiled graphs may pass a fresh functional copy every call.
     # The snapshot comparison below finds what changed, whatever buffer the ids arrive in.
     key = (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype,
@@ -68,7 +71,15 @@ def compact_rows(weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Ten
         while len(_cache) > _MAX_ENTRIES:
             _cache.popitem(last=False)
     _cache.move_to_end(key)
-    ids, snapshot = idx[:, :n], entry.snapshot[:, :n]
+    # The views are cached (each costs about a microsecond to make); the values are always read.
+    if entry.views[0] != n:
+        entry.views = (n, entry.snapshot[:, :n], entry.rows[:, :n],
+                       None if bias is None else entry.bias[:, :n])
+    if entry.src[0] is not idx or entry.src[1] != n:
+        ids = idx.view(G, CAP)[:, :n]
+        entry.src = (idx, n, ids, ids[0] if G == 1 else None)
+    _, snapshot, rows, brows = entry.views
+    ids = entry.src[2]
     if w_version is None:
         snapshot.fill_(-1)  # no version counter: nothing proves the rows are still current
     if not torch.equal(ids, snapshot):
@@ -80,4 +91,4 @@ def compact_rows(weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Ten
                 entry.bias[g, j] = bias.index_select(0, new_ids)
             snapshot[g, j] = new_ids
         entry.gathers += int(new_ids.numel())
-    return entry.rows[:, :n], None if bias is None else entry.bias[:, :n]
+    return rows, brows, entry.src[3]

@@ -1,19 +1,32 @@
-"""The Triton trimmed-head kernel against its pure-torch reference, under TRITON_INTERPRET=1."""
+"""The Triton trimmed-head kernel against its pure-torch reference: under TRITON_INTERPRET=1 on CPU
+tensors (CI), or on a CUDA device when run with TRITON_INTERPRET=0 where one is present."""
+import os
+
 import pytest
 import torch
-from trimpass.kernels.trimmed_head import CONFIGS, trimmed_head, trimmed_head_reference
 
 from tests.conftest import assert_close_rel
+from trimpass.kernels.trimmed_head import CONFIGS, trimmed_head, trimmed_head_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() \
+    else "cuda"
 
 
 def _inputs(G, M, K, d, dtype, V=1531, cap=None, gen=None):
     cap = cap or K
-    x = torch.randn(G, M, d, generator=gen).to(dtype)
-    w = (torch.randn(V, d, generator=gen) / d**0.5).to(dtype)
-    idx = torch.stack([torch.randperm(V, generator=gen)[:cap] for _ in range(G)])
+    x = torch.randn(G, M, d, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(V, d, generator=gen) / d**0.5).to(DEVICE, dtype)
+    idx = torch.stack([torch.randperm(V, generator=gen)[:cap] for _ in range(G)]).to(DEVICE)
     return x, w, idx
+
+
+def _t(values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+def _nan(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
 
 
 def _assert_matches(out, ref, dtype):
@@ -34,13 +47,13 @@ def test_every_config_matches_reference(config, dtype):
     gen = torch.Generator().manual_seed(bm * 7919 + bk * 31 + bd + 3 * DTYPES.index(dtype))
     R, CAP, d = bm + 3, bk + 5, bd + 7
     x, w, idx = _inputs(2, R, CAP, d, dtype, gen=gen)
-    bias = torch.randn(w.shape[0], generator=gen).to(dtype)
-    count = torch.tensor([CAP, bk - 3], dtype=torch.int32)
+    bias = torch.randn(w.shape[0], generator=gen).to(DEVICE, dtype)
+    count = _t([CAP, bk - 3], torch.int32)
     kw = dict(scale=0.9, softcap=3.0)
 
     def run(**mode):
         shape = (2, R, w.shape[0]) if mode.get("scatter") else (2, R, CAP)
-        out = torch.full(shape, float("nan"), dtype=dtype)  # poisoned: unwritten entries stay NaN
+        out = _nan(shape, dtype)  # poisoned: unwritten entries stay NaN
         trimmed_head(x, w, idx, count, bias, **kw, **mode, out=out, config=config)
         ref = trimmed_head_reference(x, w, idx, count, bias, **kw, **mode, out=torch.full_like(
             out, float("nan")))
@@ -60,8 +73,8 @@ def test_every_config_matches_reference(config, dtype):
 @pytest.mark.parametrize("M", [1, 3, 7])
 def test_compact_matches_reference(M, K, d, dtype):
     x, w, idx = _inputs(1, M, K, d, dtype)
-    count = torch.tensor([K], dtype=torch.int32)
-    out = torch.full((1, M, K), float("nan"), dtype=dtype)  # poisoned: unwritten entries fail
+    count = _t([K], torch.int32)
+    out = _nan((1, M, K), dtype)  # poisoned: unwritten entries fail
     trimmed_head(x, w, idx, count, out=out)
     assert_close_rel(out, trimmed_head_reference(x, w, idx, count), dtype)
 
@@ -69,8 +82,8 @@ def test_compact_matches_reference(M, K, d, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_count_is_honoured_per_group(dtype):
     x, w, idx = _inputs(3, 5, 200, 65, dtype, cap=200)
-    count = torch.tensor([200, 77, 1], dtype=torch.int64)
-    out = torch.full((3, 5, 200), float("nan"), dtype=dtype)
+    count = _t([200, 77, 1])
+    out = _nan((3, 5, 200), dtype)
     trimmed_head(x, w, idx, count, out=out, fill_tail=False)
     for g, n in enumerate(count.tolist()):
         assert torch.isnan(out[g, :, n:]).all(), "entries past the count were written"
@@ -84,8 +97,8 @@ def test_count_is_honoured_per_group(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_scale_softcap(dtype):
     x, w, idx = _inputs(2, 3, 129, 70, dtype)
-    bias = torch.randn(w.shape[0]).to(dtype)
-    count = torch.tensor([129, 100])
+    bias = torch.randn(w.shape[0]).to(DEVICE, dtype)
+    count = _t([129, 100])
     out = trimmed_head(x, w, idx, count, bias, scale=1.7, softcap=2.5)
     ref = trimmed_head_reference(x, w, idx, count, bias, scale=1.7, softcap=2.5)
     assert_close_rel(out, ref, dtype)
@@ -96,8 +109,8 @@ def test_bias_scale_softcap(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_scatter_writes_only_active_columns(dtype):
     x, w, idx = _inputs(2, 3, 300, 64, dtype, V=997)
-    count = torch.tensor([300, 41])
-    out = torch.full((2, 3, 997), float("-inf"), dtype=dtype)
+    count = _t([300, 41])
+    out = torch.full((2, 3, 997), float("-inf"), dtype=dtype, device=DEVICE)
     trimmed_head(x, w, idx, count, out=out, scatter=True)
     ref = torch.full_like(out, float("-inf"))
     trimmed_head_reference(x, w, idx, count, out=ref, scatter=True)
