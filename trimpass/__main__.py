@@ -27,12 +27,19 @@ def _bench(args) -> int:
     return 0
 
 
+def _run_checked(run, args):
+    """``run(args)``, or ``None`` after one clear line on stderr for bad input (no traceback)."""
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
 def _select(args) -> int:
     from trimpass.select.report import run
-    try:
-        r = run(args)
-    except ValueError as e:  # bad input: one clear line, no traceback
-        print(f"error: {e}", file=sys.stderr)
+    r = _run_checked(run, args)
+    if r is None:
         return 2
     print(f"chosen K = {r['K']:,} of {r['head_vocab_size']:,} (alpha={r['alpha']}, "
           f"min coverage {r['min_coverage']}, {r['trials']} TPE trials, "
@@ -51,10 +58,8 @@ def _select(args) -> int:
 
 def _train(args) -> int:
     from trimpass.train.trainer import run_cli as run
-    try:
-        r = run(args)
-    except ValueError as e:  # bad input: one clear line, no traceback
-        print(f"error: {e}", file=sys.stderr)
+    r = _run_checked(run, args)
+    if r is None:
         return 2
     print(f"trained {r.steps} steps, {r.tokens:,} tokens in {r.wall_s:.1f}s "
           f"({r.tokens_per_s:,.0f} tokens/s); last loss {r.losses[-1] if r.losses else 'n/a'}")
