@@ -97,9 +97,10 @@ def _decoder(draft, prompt):
     tok, pos = prompt[:, -1:], torch.tensor([L])
 
     def step():
-        cache.crop(L)
-        return draft(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos,
-                     position_ids=pos[None]).logits
+        logits = draft(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos,
+                       position_ids=pos[None]).logits
+        cache.crop(-1)  # back to the prompt's positions: every step is the same step
+        return logits
     return step
 
 
@@ -205,9 +206,10 @@ def main(argv=None) -> int:
             rows += [(dt, *r) for r in head_rows(args, dtype)]
         if "step" in args.parts:
             rows += [(dt, *r) for r in step_rows(model, args, dtype)]
+    rounds = {"head": args.head_rounds, "step": args.rounds}
     print(f"\n{torch.get_num_threads()} threads, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}, torch {torch.__version__}; medians "
-          f"of {args.head_rounds} (head) / {args.rounds} (step) interleaved rounds")
+          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}, torch {torch.__version__}; medians of "
+          + ", ".join(f"{rounds[p]} ({p})" for p in args.parts) + " interleaved rounds")
     print("| dtype | variant | ms | ratio |\n|---|---|---|---|")
     for dt, name, ms, ratio in rows:
         print(f"| {dt} | {name} | {ms:.3f} | {ratio} |")
