@@ -12,6 +12,7 @@ configuration, the launcher, and the pure-torch reference with the same signatur
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -85,6 +86,37 @@ def admit(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
         BLOCK_S=max(16, triton.next_power_of_2(S)), BLOCK_C=triton.next_power_of_2(cap),
         SEARCH_C=min(SEARCH_C, triton.next_power_of_2(cap)),
     )
+
+
+def admit_host(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
+    """The same admission for CPU tensors, id by id on the host (numpy views of the buffers): for
+    the few ids of a decode or verify step, ~20 small vectorized ops cost more than this loop."""
+    cap = idx.shape[1] - 1
+    now = int(clock)
+    I, T, C = idx.numpy(), stamp.numpy(), count.numpy()  # noqa: E741 - as in the reference
+    rows = range(rows.start, rows.stop) if isinstance(rows, slice) else rows.tolist()
+    for r, row_ids in zip(rows, ids.tolist(), strict=True):
+        n = int(C[r])
+        live, when = I[r, :n], T[r, :n]
+        new = []
+        for i in sorted(set(row_ids)):
+            hit = np.flatnonzero(live == i)
+            if hit.size:
+                when[hit[0]] = now
+            else:
+                new.append(i)
+        for i in new:
+            if n < cap:
+                slot = n
+                n += 1
+            else:  # least recently seen non-core slot not seen in this call (ties: lowest slot)
+                pool = T[r, n_core:cap]
+                key = np.where(pool == now, np.iinfo(np.int64).max, pool)
+                slot = n_core + int(np.argmin(key))
+                if key[slot - n_core] == np.iinfo(np.int64).max:
+                    break
+            I[r, slot], T[r, slot] = i, now
+        C[r] = n
 
 
 def find(row_ids: torch.Tensor, count: torch.Tensor, ids: torch.Tensor, chunk: int = 256):

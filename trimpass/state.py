@@ -33,6 +33,7 @@ from trimpass.kernels import vocab_state
 from trimpass.kernels.vocab_state import put, take
 
 LEARN_EVERY = 32  # calls between re-rankings of the learned core: a top-k over V each time
+HOST_IDS = 64  # on CPU, calls with up to this many ids are admitted id by id on the host
 _states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _serials = itertools.count(1)
 
@@ -134,15 +135,18 @@ class ActiveState:
         if self.settings.successors and ids.shape[1]:
             ids = torch.cat([ids, self.follow(ids, rows)], 1)
         self.clock.add_(1)
-        admit = vocab_state.admit if kernel and ids.shape[1] <= vocab_state.MAX_S \
-            else vocab_state.admit_reference
-        if admit is vocab_state.admit:
-            admit(self.idx, self.stamp, self.count, self.clock,
-                  self.bound[rows] if isinstance(rows, slice) else rows, ids, self.n_core)
+        if kernel and ids.shape[1] <= vocab_state.MAX_S:
+            vocab_state.admit(self.idx, self.stamp, self.count, self.clock,
+                              self.bound[rows] if isinstance(rows, slice) else rows, ids,
+                              self.n_core)
+        elif host and ids.numel() <= HOST_IDS:
+            vocab_state.admit_host(self.idx, self.stamp, self.count, self.clock, rows, ids,
+                                   self.n_core)
         else:  # on the CPU path, skip the eviction scan when every new id fits (a host read)
             evict = not host or int(take(self.count, rows).max()) + ids.shape[1] > \
                 self.settings.capacity
-            admit(self.idx, self.stamp, self.count, self.clock, rows, ids, self.n_core, evict)
+            vocab_state.admit_reference(self.idx, self.stamp, self.count, self.clock, rows, ids,
+                                        self.n_core, evict)
         if learn and self.learned.numel():
             self.learn(ids)
 

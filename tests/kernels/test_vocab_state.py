@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from trimpass.kernels.vocab_state import admit, admit_reference, find
+from trimpass.kernels.vocab_state import admit, admit_host, admit_reference, find
 
 
 def _pool(R, cap, core=()):
@@ -41,6 +41,25 @@ def test_kernel_matches_reference_over_many_steps(B, R, V, cap, S, core, monkeyp
     assert int(k["count"][rows].min()) == cap, "the test never reached eviction"
     unbound = sorted(set(range(R)) - set(rows.tolist()))
     assert all(int(k["count"][u]) == len(core) for u in unbound), "an unbound row was written"
+
+
+@pytest.mark.parametrize("B,R,V,cap,S,core", [(1, 1, 97, 16, 1, ()), (3, 5, 211, 20, 5, (0, 7)),
+                                              (2, 3, 60, 8, 13, (3,)), (2, 4, 500, 64, 3, ())])
+@pytest.mark.parametrize("as_slice", [False, True])
+def test_host_admission_matches_reference_over_many_steps(B, R, V, cap, S, core, as_slice):
+    g = torch.Generator().manual_seed(B * 100 + S)
+    h, r = _pool(R, cap, core), _pool(R, cap, core)
+    rows = slice(0, B) if as_slice else torch.randperm(R, generator=g)[:B]
+    for step in range(200):
+        ids = torch.randint(0, V // (1 + step % 3), (B, S), generator=g)
+        for bufs, fn in ((h, admit_host), (r, admit_reference)):
+            bufs["clock"].add_(1)
+            fn(bufs["idx"], bufs["stamp"], bufs["count"], bufs["clock"], rows, ids, len(core))
+        assert torch.equal(h["count"], r["count"]), f"step {step}: count differs"
+        assert torch.equal(h["stamp"][:, :-1], r["stamp"][:, :-1]), f"step {step}: stamp differs"
+        for row in range(R):
+            assert torch.equal(_live(h, row), _live(r, row)), f"step {step}: row {row} differs"
+    assert int(h["count"].max()) == cap, "the test never reached eviction"
 
 
 def test_find_locates_live_slots_only():
