@@ -18,7 +18,7 @@ from trimpass.backend import TrimBackend, TrimpassWarning, backend_for, dynamo_e
 from trimpass.config import TrimConfig, TrimpassError
 
 __all__ = ["backend", "trim", "TrimConfig", "TrimpassError", "TrimpassWarning", "explain",
-           "reset", "stats", "observe", "active_ids", "ops"]
+           "reset", "stats", "observe", "active_ids", "active_state", "ops"]
 
 
 def backend(**config) -> TrimBackend:
@@ -93,6 +93,13 @@ def _state(draft, what: str, required: bool = True):
         raise TrimpassError(f"{what}: {type(draft).__name__} has no dynamic-vocabulary state yet "
                             "(not compiled with trimpass in the dynamic mode, or not run yet)")
     return st
+
+
+def active_state(draft):
+    """``draft``'s dynamic-vocabulary :class:`~trimpass.state.ActiveState` (its request rows,
+    ``admit``, ``active``, ``bind``/``release`` for engines), or ``None`` before the first call or
+    in the static mode."""
+    return _state(draft, "active_state", required=False)
 
 
 def reset(draft=None) -> None:

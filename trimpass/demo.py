@@ -63,7 +63,7 @@ def _state_ms(draft, device, reps: int = 256) -> float | None:
     core, and every ``LEARN_EVERY`` calls the learned core's re-ranking), timed over runs of
     ``LEARN_EVERY`` calls so the re-ranking is amortized exactly, on a copy of the state."""
     from trimpass.state import LEARN_EVERY
-    st = trimpass._state(draft, "demo", required=False)
+    st = trimpass.active_state(draft)
     if st is None:  # the pass did not run (TRIMPASS_DISABLE=1): no state to time
         return None
     st = copy.deepcopy(st)  # the drafter's own state stays untouched
@@ -85,7 +85,7 @@ def _head_ms(model, device) -> float:
 
 
 def _track_active(draft, act: list) -> None:
-    st = trimpass._state(draft, "demo", required=False)  # None when the pass did not run
+    st = trimpass.active_state(draft)  # None when the pass did not run
     if st is not None:
         act.append(st.stats()["active"][0])
 

@@ -219,3 +219,17 @@ def test_out_of_range_ids_fail_with_our_message_before_the_lookup():
     c = trimpass.trim(m, inner="aot_eager")
     with torch.no_grad(), pytest.raises(ValueError, match=rf"ids: token ids must be in \[0, {V}\)"):
         c(torch.tensor([[3, V + 2]]), torch.arange(2))
+
+
+def test_active_state_is_the_drafters_own_and_none_before_the_first_call():
+    torch._dynamo.reset()
+    a, _ = _pair(1)
+    b, _ = _pair(2)
+    ca, cb = trimpass.trim(a, learn_core=0), trimpass.trim(b, learn_core=0)
+    assert trimpass.active_state(ca) is None
+    with torch.no_grad():
+        ca(torch.tensor([[3, 4]]), torch.arange(2))
+        cb(torch.tensor([[5]]), torch.arange(1))
+    sa, sb = trimpass.active_state(ca), trimpass.active_state(cb)
+    assert sa is not None and sb is not None and sa is not sb
+    assert set(sa.active(1)[0][0, :int(sa.active(1)[1][0])].tolist()) == {3, 4}
