@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--batch", type=int, default=4)
     t.add_argument("--seq-len", type=int, default=256)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--init", metavar="WEIGHTS",
+                   help="start from these drafter weights (a safetensors file, e.g. a kl run's "
+                   "drafter.safetensors): eal/wtv barely move an untrained drafter")
     t.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in --out")
     t.add_argument("--export-hf", action="store_true", help="also write OUT/hf (vLLM-loadable)")
     t.add_argument("--out", default="train-out", help="folder for checkpoints and weights")

@@ -159,3 +159,11 @@ def test_data_packs_train_split_only():
     assert seqs.shape == (5, 5) and seqs.dtype == torch.int64
     with pytest.raises(ValueError, match="seq_len"):
         pack(docs, lambda t: [1], seq_len=0, tokens=5)
+
+
+def test_cli_init_must_name_an_existing_file_before_anything_loads(tmp_path, capsys):
+    from trimpass.__main__ import main
+    out = tmp_path / "out"
+    rc = main(["train", "--init", str(tmp_path / "missing.safetensors"), "--out", str(out)])
+    assert rc == 2 and "init: no such file" in capsys.readouterr().err
+    assert not out.exists()

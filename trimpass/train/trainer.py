@@ -336,18 +336,24 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
 def run_cli(args) -> TrainResult:
     """``python -m trimpass train``: the real Gemma-3-270M target and its truncated drafter."""
     from trimpass.hf.gemma import END_TURN, GGUFTokenizer
-    from trimpass.models import drafter_from, gemma3_270m, save_hf
+    from trimpass.models import drafter_from, gemma3_270m, load_weights, save_hf
     from trimpass.train.cache import build_cache
     from trimpass.train.data import sharegpt_sequences
     for name in ("tokens", "seq_len", "layers"):  # cheap checks before loading anything
         _int(name, getattr(args, name))
     _pos("temperature", args.temperature)
+    init = getattr(args, "init", None)
+    if init and not os.path.isfile(init):
+        raise ValueError(f"init: no such file {init!r}; pass a drafter.safetensors written by "
+                         "an earlier `python -m trimpass train`")
     seqs = sharegpt_sequences(GGUFTokenizer(), seq_len=args.seq_len,
                               tokens=args.data_tokens or args.tokens, eos=END_TURN)
     target = gemma3_270m()
     cache = build_cache(target, seqs, model_key="gemma3-270m-q4_k_m/fp32", k=32,
                         temperature=args.temperature)
     drafter = drafter_from(target, args.layers)
+    if init:
+        load_weights(drafter, init)
     r = train(drafter, cache, loss=args.loss, grpo=args.grpo, gamma=args.gamma,
               temperature=args.temperature, tokens=args.tokens, grpo_tokens=args.grpo_tokens,
               lr=args.lr, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
