@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trimpass import ops
+from trimpass import measure, ops
 from trimpass.shapes import HEADS as SHAPES
 
 FULL = os.environ.get("TRIMPASS_BENCH") == "full"
@@ -33,8 +33,7 @@ def _setup(shape, K, M):
 def _run(benchmark, fn):
     def call():
         out = fn()
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()  # time the work, not the launch
+        measure.sync(DEVICE)  # time the work, not the launch
         return out
     with torch.no_grad():
         return benchmark(call)
