@@ -144,6 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--init", metavar="WEIGHTS",
                    help="start from these drafter weights (a safetensors file, e.g. a kl run's "
                    "drafter.safetensors): eal/wtv barely move an untrained drafter")
+    t.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help="train rank-R LoRA adapters (+ norms) instead of the full layers: a "
+                   "weights file of a few MB (0: full layers)")
+    t.add_argument("--core", type=int, default=2048, metavar="N",
+                   help="trimming-aware: the head is trained over the N most frequent cached "
+                   "ids plus each batch's target top-32 (N=0: the full vocabulary, ~10x slower)")
+    t.add_argument("--cache-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="the target's dtype while caching its outputs (bf16: ~2x faster here)")
     t.add_argument("--no-resume", action="store_true", help="ignore a checkpoint in --out")
     t.add_argument("--export-hf", action="store_true", help="also write OUT/hf (vLLM-loadable)")
     t.add_argument("--out", default="train-out", help="folder for checkpoints and weights")

@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from trimpass.train.lowrank import add_pairs, is_lowrank_key, lowrank_pairs
+
 __all__ = ["gemma3_270m", "gemma3_270m_drafter", "drafter_from", "load_weights", "save_hf",
            "is_tied"]
 
@@ -64,13 +66,19 @@ def load_weights(module, path: str) -> None:
     except Exception as e:  # safetensors raises its own error types
         raise ValueError(f"weights file {path} is unreadable or corrupt ({e})") from None
     own = module.state_dict()
-    bad = [k for k in sd if k not in own or own[k].shape != sd[k].shape]
+    plain = {k: v for k, v in sd.items() if not is_lowrank_key(k)}
+    bad = [k for k in plain if k not in own or own[k].shape != plain[k].shape]
     if bad:
         raise ValueError(f"weights file {path} does not fit this module: {bad[:4]} unknown or "
                          "misshapen (trained for another drafter or layer count?)")
+    try:
+        pairs = lowrank_pairs(own, {k: v for k, v in sd.items() if is_lowrank_key(k)})
+    except ValueError as e:
+        raise ValueError(f"weights file {path}: {e}") from None
     with torch.no_grad():
-        for k, v in sd.items():
+        for k, v in plain.items():
             own[k].copy_(v)
+    add_pairs(pairs)
 
 
 def save_hf(module, directory: str) -> str:

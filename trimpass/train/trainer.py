@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trimpass.progress import progress
-from trimpass.train import losses
+from trimpass.train import losses, lowrank
 from trimpass.train.cache import TargetCache, load_cache
 
 __all__ = ["train", "evaluate", "TrainResult", "LOSSES"]
@@ -221,11 +221,14 @@ def _frozen_copy(drafter, trainable):
 def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=1.0,
           tokens=100_000, lr=1e-4, batch=4, seq_len=None, seed=0, out_dir="train-out",
           resume=True, active=None, train_layers=1, grpo_tokens=None, group=4, kl_coef=0.05,
-          ckpt_every=50) -> TrainResult:
+          ckpt_every=50, lora_rank=0) -> TrainResult:
     """Train ``drafter`` (an HF causal LM, e.g. ``trimpass.models.gemma3_270m_drafter()``) in
     place against ``target_cache`` (a :class:`TargetCache` or its file); see the module docstring.
     Writes ``out_dir``/drafter.safetensors (the trained parameters, for ``weights=``) and the
-    checkpoint; returns a :class:`TrainResult` (steps, tokens, wall time, tokens/s, losses)."""
+    checkpoint; returns a :class:`TrainResult` (steps, tokens, wall time, tokens/s, losses).
+    ``lora_rank`` > 0 trains rank-``lora_rank`` adapters of those layers (``lowrank.py``) and
+    their norms instead of the full layers, writes the adapters in the small low-rank format, and
+    leaves them folded into ``drafter`` when it returns."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     gamma, tokens, batch = _int("gamma", gamma), _int("tokens", tokens), _int("batch", batch)
@@ -252,18 +255,25 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
     active = _check_active(active, V)
     layers = drafter.model.layers
     _int("train_layers", train_layers)
+    _int("lora_rank", lora_rank, lo=0)
     if train_layers > len(layers):
         raise ValueError(f"train_layers={train_layers} exceeds the drafter's {len(layers)} layers")
     per_step = batch * seq_len
     base_steps = -(-tokens // per_step)
     grpo_steps = (-(-(grpo_tokens or max(tokens // 4, 1)) // per_step)) if grpo else 0
     total = base_steps + grpo_steps
-    trainable = [*layers[len(layers) - train_layers:].parameters(),
-                 *drafter.model.norm.parameters()]
+    tuned = layers[len(layers) - train_layers:]
+    if lora_rank:
+        norms = [p for n, p in tuned.named_parameters() if "norm" in n]
+        trainable = [*lowrank.add_lora(drafter, lora_rank, train_layers), *norms,
+                     *drafter.model.norm.parameters()]
+    else:
+        trainable = [*tuned.parameters(), *drafter.model.norm.parameters()]
     named = [(n, p) for n, p in drafter.named_parameters() if any(p is q for q in trainable)]
     settings = {"loss": loss, "grpo": bool(grpo), "gamma": gamma, "temperature": T, "lr": lr,
                 "batch": batch, "seq_len": seq_len, "seed": int(seed), "cache": target_cache.key,
                 "train_layers": train_layers, "group": group, "kl_coef": kl_coef,
+                "lora_rank": lora_rank,
                 "base_steps": base_steps if grpo else None, "vocab_size": V,
                 "active": None if active is None else
                 hashlib.sha256(active.numpy().tobytes()).hexdigest()[:16]}
@@ -271,7 +281,12 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
     start = 0
     ckpt = None
     if resume and os.path.exists(os.path.join(out_dir, META)):
-        start, ckpt = _read_ckpt(out_dir, settings, [n for n, _ in named])  # before any compute
+        try:  # before any compute
+            start, ckpt = _read_ckpt(out_dir, settings, [n for n, _ in named])
+        except ValueError:
+            if lora_rank:
+                lowrank.unload(drafter)
+            raise
     ref = ref_named = None
     if ckpt is not None:
         if start > base_steps:
@@ -328,7 +343,11 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
     res.wall_s = time.perf_counter() - t0
     res.tokens_per_s = (res.steps - start) * per_step / max(res.wall_s, 1e-9)
     from safetensors.torch import save_file
-    save_file({n: p.detach().clone() for n, p in named}, res.weights, metadata={
+    weights = {n: p.detach().clone() for n, p in named if "lora_" not in n}
+    if lora_rank:
+        weights.update(lowrank.lowrank_tensors(drafter))
+        lowrank.unload(drafter)
+    save_file(weights, res.weights, metadata={
         "format": "pt", "settings": json.dumps(settings), "step": str(res.steps)})
     return res
 
@@ -341,6 +360,9 @@ def run_cli(args) -> TrainResult:
     from trimpass.train.data import sharegpt_sequences
     for name in ("tokens", "seq_len", "layers"):  # cheap checks before loading anything
         _int(name, getattr(args, name))
+    rank = _int("lora_rank", getattr(args, "lora_rank", 0), lo=0)
+    _int("core", getattr(args, "core", 0), lo=0)
+    cache_dtype = getattr(args, "cache_dtype", "fp32")
     _pos("temperature", args.temperature)
     init = getattr(args, "init", None)
     if init and not os.path.isfile(init):
@@ -349,15 +371,20 @@ def run_cli(args) -> TrainResult:
     seqs = sharegpt_sequences(GGUFTokenizer(), seq_len=args.seq_len,
                               tokens=args.data_tokens or args.tokens, eos=END_TURN)
     target = gemma3_270m()
-    cache = build_cache(target, seqs, model_key="gemma3-270m-q4_k_m/fp32", k=32,
+    teacher = target if cache_dtype == "fp32" else gemma3_270m(torch.bfloat16)
+    cache = build_cache(teacher, seqs, model_key=f"gemma3-270m-q4_k_m/{cache_dtype}", k=32,
                         temperature=args.temperature)
+    core = _int("core", getattr(args, "core", 0), lo=0)
+    active = None if not core else \
+        torch.bincount(cache.ids.reshape(-1), minlength=cache.vocab_size).topk(core).indices
     drafter = drafter_from(target, args.layers)
     if init:
         load_weights(drafter, init)
     r = train(drafter, cache, loss=args.loss, grpo=args.grpo, gamma=args.gamma,
               temperature=args.temperature, tokens=args.tokens, grpo_tokens=args.grpo_tokens,
               lr=args.lr, batch=args.batch, seq_len=args.seq_len, seed=args.seed,
-              out_dir=args.out, resume=not args.no_resume, train_layers=args.train_layers)
+              out_dir=args.out, resume=not args.no_resume, train_layers=args.train_layers,
+              lora_rank=rank, active=active)
     if args.export_hf:
         save_hf(drafter, os.path.join(args.out, "hf"))
     return r
