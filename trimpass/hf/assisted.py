@@ -26,8 +26,10 @@ def compile_drafter(draft, backend) -> None:
 
 @torch.no_grad()
 def run(target, draft, prompts, max_new: int, name: str, references=None,
-        on_draft_call=None) -> tuple[LoopStats, list]:
-    """Greedy ``target.generate`` over ``prompts`` (lists of ids), assisted by ``draft`` if given.
+        on_draft_call=None, temperature: float = 0.0, seed: int = 0) -> tuple[LoopStats, list]:
+    """Greedy ``target.generate`` over ``prompts`` (lists of ids), assisted by ``draft`` if given;
+    with ``temperature`` > 0, HF's sampling path (speculative sampling when assisted), seeded by
+    ``seed`` + the prompt's index.
 
     Each drafter call drafts one token, and each verification emits the target's own token after
     the accepted ones, so ``drafted`` is the number of drafter calls and ``accepted`` the tokens
@@ -48,8 +50,11 @@ def run(target, draft, prompts, max_new: int, name: str, references=None,
             for k, p in enumerate(progress(prompts, desc=name)):
                 ids = torch.tensor([p], device=device)
                 kw = dict(assistant_model=draft) if draft is not None else {}
+                if temperature > 0:
+                    torch.manual_seed(seed + k)
+                    kw.update(temperature=temperature, top_k=None, top_p=None)
                 t0 = time.perf_counter()
-                out = target.generate(ids, do_sample=False, max_new_tokens=max_new,
+                out = target.generate(ids, do_sample=temperature > 0, max_new_tokens=max_new,
                                       min_new_tokens=max_new, **kw)
                 st.seconds += time.perf_counter() - t0
                 st.emitted += out.shape[1] - ids.shape[1]

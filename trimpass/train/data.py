@@ -15,7 +15,7 @@ import torch
 
 from trimpass.select.corpora import Doc, Tally, held_out, read
 
-__all__ = ["train_docs", "encode_doc", "pack", "sharegpt_sequences"]
+__all__ = ["train_docs", "encode_doc", "pack", "sharegpt_sequences", "heldout_sequences"]
 
 
 def train_docs(docs: Iterable[Doc]) -> Iterable[Doc]:
@@ -62,3 +62,10 @@ def sharegpt_sequences(tokenizer, *, seq_len: int = 256, tokens: int = 100_000,
     """ShareGPT's train-split assistant turns, packed (see :func:`pack`)."""
     return pack(train_docs(read("sharegpt", tally)), tokenizer, seq_len=seq_len, tokens=tokens,
                 eos=eos)
+
+
+def heldout_sequences(tokenizer, *, seq_len: int = 256, tokens: int = 8_192,
+                      eos: int | None = None) -> torch.Tensor:
+    """ShareGPT's held-out assistant turns, packed: for evaluation only, never for training."""
+    return pack((d for d in read("sharegpt") if held_out(d.doc_id)), tokenizer, seq_len=seq_len,
+                tokens=tokens, eos=eos)
