@@ -1,0 +1,73 @@
+"""trimpass.serving.head: a batch's trimmed logits with one shared copy, whole and vocab-sharded."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trimpass import compact
+from trimpass.serving import head
+
+
+def _rows(V, B, cap, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.zeros(B, cap, dtype=torch.long)
+    count = torch.zeros(B, dtype=torch.int32)
+    for b in range(B):
+        n = 5 + 7 * b
+        idx[b, :n] = torch.randperm(V, generator=g)[:n]
+        idx[b, n:] = torch.randint(0, V, (cap - n,), generator=g)  # junk past the count
+        count[b] = n
+    return idx, count
+
+
+def _reference(x, W, idx, count, softcap=0.0):
+    z = F.linear(x, W)
+    if softcap:
+        z = torch.tanh(z / softcap) * softcap
+    out = torch.full_like(z, float("-inf"))
+    for b in range(x.shape[0]):
+        ids = idx[b, :int(count[b])]
+        out[b, ids] = z[b, ids]
+    return out
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_rows_get_their_own_ids_exactly(softcap):
+    V, d, B = 1000, 32, 4
+    x, W = torch.randn(B, d), torch.randn(V, d)
+    idx, count = _rows(V, B, 64)
+    compact.clear()
+    out, U = head.trimmed_logits(x, W, idx, count, softcap=softcap)
+    ref = _reference(x, W, idx, count, softcap)
+    assert torch.equal(torch.isfinite(out), torch.isfinite(ref))
+    torch.testing.assert_close(out[torch.isfinite(ref)], ref[torch.isfinite(ref)])
+    assert U == len(set(torch.cat([idx[b, :int(count[b])] for b in range(B)]).tolist()))
+    # one compact copy shared by the rows (G = 1), not one per row
+    assert [k[5] for k in compact._cache] == [1]
+
+
+def test_vocab_shards_concatenate_to_the_whole_head():
+    """Tensor parallelism by vocabulary: each rank computes its own active ids only; the
+    gathered shards (with padding rows, as vLLM pads each shard) equal the unsharded result."""
+    V, d, B, P = 1000, 16, 3, 512
+    x, W = torch.randn(B, d), torch.randn(V, d)
+    idx, count = _rows(V, B, 48, seed=1)
+    whole, _ = head.trimmed_logits(x, W, idx, count)
+    pad = torch.cat([W, torch.randn(2 * P - V, d)])  # rank 1's shard ends with 24 padding rows
+    parts = [head.trimmed_logits(x, pad[r * P:(r + 1) * P].contiguous(), idx, count, start=r * P)
+             for r in range(2)]
+    gathered = torch.cat([p for p, _ in parts], 1)[:, :V]
+    assert torch.equal(gathered, whole)
+    assert sum(u for _, u in parts) == head.trimmed_logits(x, W, idx, count)[1]
+    assert torch.isneginf(torch.cat([p for p, _ in parts], 1)[:, V:]).all()  # padding stays -inf
+
+
+def test_static_list_and_plain_head_fallback(monkeypatch):
+    V, d, B = 300, 8, 2
+    x, W = torch.randn(B, d), torch.randn(V, d)
+    ids = torch.tensor([3, 7, 299, 150])
+    out, U = head.trimmed_logits(x, W, ids, torch.tensor([4]))
+    ref = _reference(x, W, ids.expand(B, -1), torch.tensor([4, 4]))
+    assert U == 4 and torch.equal(torch.isfinite(out), torch.isfinite(ref))
+    monkeypatch.setattr(head, "MAX_UNION", 2)  # over the bound: the plain head, same result
+    out2, _ = head.trimmed_logits(x, W, ids, torch.tensor([4]))
+    torch.testing.assert_close(out2, out)

@@ -1,0 +1,74 @@
+"""Run a tiny model through a real vLLM engine and print one JSON line of results (tests only).
+
+Run as a script by tests/serving/test_vllm.py in a subprocess (vLLM spawns processes, so its
+engines want a ``__main__`` guard, and each engine gets a fresh process):
+``python vllm_run.py MODEL_DIR MODE SETTINGS_JSON``, MODE one of ``none`` (no speculation),
+``plain`` (the model as its own drafter, untrimmed) and ``trim``. Greedy, fp32; every prompt is
+generated alone (concurrency 1), then all of them at once (concurrency ``len(prompts)``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+V, K = 2048, 3
+
+
+def make_model(d: str) -> None:
+    """A tiny random Gemma3ForCausalLM (untied head, so greedy outputs vary) in safetensors."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=32, max_position_embeddings=512, sliding_window=64,
+                           layer_types=["full_attention"] * 2, tie_word_embeddings=False,
+                           initializer_range=0.2)
+    m = Gemma3ForCausalLM(cfg).eval()
+    m.config.architectures = ["Gemma3ForCausalLM"]
+    m.save_pretrained(d)
+
+
+def prompts() -> list[list[int]]:
+    """Six prompts; the first two draw from disjoint rare ranges (ids >= 1800)."""
+    import torch
+    g = torch.Generator().manual_seed(7)
+    out = [[1800 + i for i in range(0, 24, 2)], [1900 + i for i in range(0, 24, 2)]]
+    out += [torch.randint(0, V, (10 + 3 * i,), generator=g).tolist() for i in range(4)]
+    return out
+
+
+def main() -> None:
+    d, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if not os.path.exists(os.path.join(d, "config.json")):
+        make_model(d)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from trimpass.serving import vllm as tv
+    kw = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=256,
+              gpu_memory_utilization=0.2, enforce_eager=True, max_num_seqs=8,
+              disable_log_stats=False)
+    if mode == "none":
+        args = {"model": d}
+    else:
+        args = tv.engine_args(d, d, K, trim=mode == "trim", **(settings if mode == "trim" else {}))
+    llm = LLM(**args, **kw)
+    sp = SamplingParams(temperature=0, max_tokens=24, detokenize=False, ignore_eos=True)
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
+    solo = [list(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids) for p in ps]
+    together = [list(o.outputs[0].token_ids) for o in llm.generate(ps, sp, use_tqdm=False)]
+    res = {"solo": solo, "together": together, "prompts": prompts()}
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    res["accepted"] = metrics.get("vllm:spec_decode_num_accepted_tokens")
+    res["drafted"] = metrics.get("vllm:spec_decode_num_draft_tokens")
+    if mode != "none":
+        st = tv.stats(llm)
+        st["seen"] = {k: sorted(v) for k, v in st.get("seen", {}).items()}
+        res["stats"] = st
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A batch's trimmed logits over one vocabulary shard, with one weight copy shared by every row.
+
+An engine's batch holds many requests, each with its own active ids (``idx[B, CAP]``, ``count[B]``
+from :class:`trimpass.state.ActiveState`). Giving each row its own compact copy of its weight rows
+would cost ``B x CAP x d`` floats (671 MB at 64 rows, capacity 4,096, d = 640, fp32), so
+:func:`trimmed_logits` takes the union of the rows' ids that fall in this shard, runs trimpass's
+``trimpass::head_compact`` op once over it (its cached compact copy is shared by the rows, padded to
+a power-of-two bucket so the cache entry is stable) and places each row's own logits into a row of
+``-inf``: a row's finite logits are exactly its active ids, never another request's. A union over
+``MAX_UNION`` ids falls back to the plain head (exact, no copy), which bounds the copy at
+``MAX_UNION x d`` (168 MB at d = 640, fp32). A vocabulary-sharded head (tensor parallelism) passes
+its shard's rows and ``start``; concatenating the shards' outputs gives the unsharded result.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trimpass import ops
+
+MAX_UNION = 65_536  # ids in one shared compact copy; beyond it, the plain head
+MIN_BUCKET = 256
+
+
+def _bucket(n: int) -> int:
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return b
+
+
+def union(idx: torch.Tensor, count: torch.Tensor, start: int, size: int):
+    """Of each row's first ``count[b]`` ids, those in ``[start, start + size)``, shard-local:
+    ``(uniq[U], inv[N], rowof[N], local[N])`` with ``uniq[inv] == local``."""
+    counts = [max(0, min(int(c), idx.shape[1])) for c in count.tolist()]
+    flat = torch.cat([idx[b, :c] for b, c in enumerate(counts)]).long() - start
+    rowof = torch.repeat_interleave(torch.arange(len(counts), device=idx.device),
+                                    torch.tensor(counts, device=idx.device))
+    keep = (flat >= 0) & (flat < size)
+    flat, rowof = flat[keep], rowof[keep]
+    uniq, inv = torch.unique(flat, return_inverse=True)
+    return uniq, inv, rowof, flat
+
+
+def trimmed_logits(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
+                   start: int = 0, softcap: float = 0.0) -> tuple[torch.Tensor, int]:
+    """``[B, weight.shape[0]]`` logits of this shard: row ``b`` exact (``softcap`` applied) on its
+    active ids ``idx[b, :count[b]]`` that fall in ``[start, start + weight.shape[0])``, ``-inf``
+    elsewhere. Returns the logits and the number of distinct ids computed (the union)."""
+    B, size = x.shape[0], weight.shape[0]
+    if idx.dim() == 1:  # one list for every row (a static vocabulary)
+        idx, count = idx.expand(B, -1), count.reshape(1).expand(B)
+    uniq, inv, rowof, local = union(idx, count, start, size)
+    out = ops.filled((B, size), float("-inf"), x)
+    U = int(uniq.numel())
+    if U == 0:
+        return out, 0
+    if U > MAX_UNION:  # too many rows to copy: the plain head, read at each row's own ids
+        z = ops.softcap(F.linear(x, weight), softcap)
+        out[rowof, local] = z[rowof, local]
+        return out, U
+    ids = torch.zeros(_bucket(U), dtype=torch.long, device=x.device)
+    ids[:U] = uniq
+    cnt = torch.tensor([U], dtype=torch.int32, device=x.device)
+    z = ops.head_compact(x.contiguous(), weight, None, ids, cnt, 1.0, float(softcap or 0.0))
+    out[rowof, local] = z[rowof, inv]
+    return out, U

@@ -1,0 +1,160 @@
+"""trimpass in vLLM (tested with 0.32.0): the public face, importable without vLLM.
+
+vLLM runs a ``draft_model`` drafter with its own KV cache and batching and computes its logits in
+the drafter model's ``compute_logits``, outside any graph trimpass compiles. Trimming is switched
+on by configuration alone: :func:`engine_args` checks the two checkpoints and the settings, writes
+them to ``trimpass.json`` beside the drafter checkpoint and returns the keyword arguments for
+``vllm.LLM(...)``; ``vllm serve TARGET --speculative-config '{"method": "draft_model", "model":
+DRAFTER, ...}'`` reads the same file (or the ``TRIMPASS_VLLM`` environment variable, a JSON object
+of settings or ``1``), in every worker process, through the ``vllm.general_plugins`` entry point
+:func:`register`. ``TRIMPASS_DISABLE=1`` turns it off everywhere. Without either the plugin does
+nothing. :func:`stats` sums the workers' counters from the user's process. The worker-side glue is
+:mod:`trimpass.serving.vllm_hooks`.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from trimpass.config import TrimConfig, TrimpassError, disabled
+
+TESTED_VERSION = "0.32.0"
+SETTINGS_FILE = "trimpass.json"
+ENV = "TRIMPASS_VLLM"
+# TrimConfig's settings that mean something in an engine; the rest (the compiler's) do not apply.
+KEYS = ("vocab", "keep", "capacity", "core", "learn_core", "successors", "max_rows")
+EXTRA_KEYS = ("check", "log_interval")  # check: verify every call (tests); log every N seconds
+EXTRA_HINT = "pip install 'trimpass[vllm]'"
+
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError:
+        raise ImportError(f"trimpass.serving.vllm: trimming in vLLM needs vLLM {TESTED_VERSION}; "
+                          f"install the extra: {EXTRA_HINT}") from None
+    return vllm.__version__
+
+
+def check_version(version: str | None = None) -> None:
+    """Refuse (one sentence) a vLLM other than the one this integration was tested with."""
+    version = version or _vllm_version()
+    if version != TESTED_VERSION:
+        raise RuntimeError(f"trimpass: trimming in vLLM was tested with vllm {TESTED_VERSION} "
+                           f"only, this is vllm {version}; install {EXTRA_HINT} (pins "
+                           f"{TESTED_VERSION}) or set TRIMPASS_DISABLE=1 to serve untrimmed")
+
+
+def vocab_size(checkpoint: str) -> int:
+    """The vocabulary size in a Hugging Face checkpoint directory's ``config.json``."""
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        cfg = json.load(f)
+    V = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
+    if not isinstance(V, int):
+        raise ValueError(f"{checkpoint}/config.json: no vocab_size")
+    return V
+
+
+def checked_config(settings: dict, V: int) -> TrimConfig:
+    """The settings as a validated :class:`TrimConfig` for a head of ``V`` rows."""
+    unknown = sorted(set(settings) - set(KEYS) - set(EXTRA_KEYS))
+    if unknown:
+        raise TrimpassError(f"{unknown[0]}: not a trimpass setting for vLLM; use {', '.join(KEYS)}"
+                            f" (or {', '.join(EXTRA_KEYS)})")
+    cfg = TrimConfig(**{k: v for k, v in settings.items() if k in KEYS}, vocab_size=V)
+    cfg.settings.check_vocab_size(V)
+    return cfg
+
+
+def resolve(drafter_dir: str | None) -> dict | None:
+    """The trim settings a worker uses, or None when trimming is off: ``TRIMPASS_DISABLE=1``
+    wins, then ``TRIMPASS_VLLM`` (``0``/``1`` or a JSON object), then ``trimpass.json`` beside the
+    drafter checkpoint (``{"trim": false}`` turns it off)."""
+    if disabled():
+        return None
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        if env in ("0", "false"):
+            return None
+        return {} if env in ("1", "true") else dict(json.loads(env))
+    path = os.path.join(drafter_dir or "", SETTINGS_FILE)
+    if not drafter_dir or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        d = dict(json.load(f))
+    return d if d.pop("trim", True) else None
+
+
+def _jsonable(v):
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return list(v) if isinstance(v, (tuple, set, range)) else v
+
+
+def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int = 4,
+                trim: bool = True, **trim_settings) -> dict:
+    """Keyword arguments for ``vllm.LLM(**engine_args(...), dtype=..., ...)``: ``target_dir``
+    served with ``drafter_dir`` as its ``draft_model`` drafter, whose head trimpass trims to each
+    request's active ids (``trim=False``: the same drafter untrimmed). ``trim_settings`` are
+    :class:`trimpass.TrimConfig`'s engine settings (``vocab``, ``keep``, ``capacity``, ``core``,
+    ``learn_core``, ``successors``, ``max_rows``; ``max_rows`` defaults to vLLM's
+    ``max_num_seqs``). Everything is checked here, before an engine starts; the settings are
+    written to ``drafter_dir/trimpass.json``, where every worker process reads them."""
+    if trim:
+        check_version(_vllm_version())
+    Vt, Vd = vocab_size(target_dir), vocab_size(drafter_dir)
+    if Vt != Vd:
+        raise ValueError(f"vocab size: the drafter {drafter_dir} has {Vd} ids but the target "
+                         f"{target_dir} has {Vt}; trimpass serves a drafter of the target's "
+                         "vocabulary")
+    if trim:
+        checked_config(trim_settings, Vd)
+    elif trim_settings:
+        raise TrimpassError(f"{next(iter(trim_settings))}: a trim setting with trim=False")
+    with open(os.path.join(drafter_dir, SETTINGS_FILE), "w") as f:
+        json.dump({"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}, f)
+    return {"model": target_dir,
+            "speculative_config": {"method": "draft_model", "model": drafter_dir,
+                                   "num_speculative_tokens": int(num_speculative_tokens)}}
+
+
+def stats(llm) -> dict:
+    """The trimming counters of every worker of ``llm`` (a ``vllm.LLM``), summed: ``calls``
+    (trimmed-head calls), ``fallbacks`` (drafter logits computed by the plain head), ``rows``
+    (live request rows), ``mean_active`` (active ids per request row per call), ``mean_union``
+    (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming); with the
+    ``check`` setting also ``checked`` and ``violations``. All zero when nothing trims."""
+    got = [s for s in llm.collective_rpc("trimpass_stats") if s]
+    out = {"workers": len(got)}
+    for k in ("calls", "fallbacks", "rows", "active_sum", "row_calls", "union_sum", "checked",
+              "violations", "steps"):
+        out[k] = sum(s.get(k, 0) for s in got)
+    out["mean_active"] = out.pop("active_sum") / max(out.pop("row_calls"), 1)
+    out["mean_union"] = out.pop("union_sum") / max(out["calls"], 1)
+    out["bytes_per_row"] = max((s.get("bytes_per_row", 0) for s in got), default=0)
+    out["max_abs_err"] = max((s.get("max_abs_err", 0.0) for s in got), default=0.0)
+    seen: dict = {}
+    for s in got:
+        for rid, ids in s.get("seen", {}).items():
+            seen.setdefault(rid, set()).update(ids)
+    if seen:
+        out["seen"] = seen
+    return out
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: runs in every vLLM process. Installs the worker
+    glue, which stays inert unless trimming is asked for; refuses another vLLM version if it is."""
+    if disabled():
+        return
+    import vllm
+    if vllm.__version__ != TESTED_VERSION:
+        if os.environ.get(ENV, "").strip() not in ("", "0", "false"):
+            check_version(vllm.__version__)
+        from vllm.logger import init_logger
+        init_logger("trimpass").warning(
+            "trimpass: vllm %s is not %s, the version trimpass was tested with; trimming stays "
+            "off", vllm.__version__, TESTED_VERSION)
+        return
+    from trimpass.serving import vllm_hooks
+    vllm_hooks.install()

@@ -1,0 +1,223 @@
+"""The glue inside vLLM 0.32's worker processes: request rows that follow the model runner's batch,
+and the drafter's logits from trimpass's trimmed head.
+
+:func:`install` (called by the plugin in every process) wraps three things, each a plain
+delegation until a drafter trims: ``SpecDecodeBaseProposer.load_model`` (after loading, a drafter
+whose settings ask for it gets a :class:`Trimmer`: its model's ``compute_logits`` is replaced on
+that instance only, so the target's head, even a shared ``lm_head`` module, is never touched),
+``GPUModelRunner.propose_draft_token_ids`` (which the CPU runner inherits: before each proposal the
+trimmer binds the input batch's request ids to rows of its :class:`trimpass.state.ActiveState`,
+releases rows of requests no longer in the batch (finished or preempted; a resumed request
+rebuilds its row from its tokens) and admits each request's new tokens), and a
+``trimpass_stats`` method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has
+one row per ``max_num_seqs``; a smaller ``max_rows`` is a start-up error.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trimpass.serving import vllm as front
+from trimpass.serving.head import trimmed_logits
+from trimpass.state import ActiveState
+
+_installed = False
+
+
+def _log():
+    from vllm.logger import init_logger
+    return init_logger("trimpass")
+
+
+class Trimmer:
+    """One drafter's trimming: its rows, its counters, its ``compute_logits``."""
+
+    def __init__(self, proposer, target_model, settings: dict):
+        model = proposer.model
+        if model is target_model:
+            raise RuntimeError("trimpass: the drafter is the target model object; trimming it "
+                               "would trim the target's head")
+        for attr in ("compute_logits", "lm_head", "logits_processor"):
+            if not hasattr(model, attr):
+                raise RuntimeError(f"trimpass: the drafter {type(model).__name__} has no {attr}; "
+                                   "trimpass trims vLLM causal-LM drafters with a LogitsProcessor")
+        cfg = proposer.vllm_config
+        V = model.logits_processor.org_vocab_size
+        Vt = cfg.model_config.get_vocab_size()
+        if V != Vt:
+            raise ValueError(f"trimpass: vocab size: the drafter has {V} ids but the target has "
+                             f"{Vt}; trimpass serves a drafter of the target's vocabulary")
+        settings = dict(settings)
+        self.check = bool(settings.pop("check", False))
+        self.log_interval = float(settings.pop("log_interval", 60))
+        seqs = cfg.scheduler_config.max_num_seqs
+        rows = settings.get("max_rows")
+        if rows is not None and rows < seqs:
+            raise ValueError(f"trimpass: max_rows={rows} is below vLLM's max_num_seqs={seqs}: "
+                             "every live request needs its own row; raise max_rows or drop it")
+        if settings.get("vocab") is None:
+            settings["max_rows"] = rows or seqs
+        self.cfg = front.checked_config(settings, V)
+        self.model, self.V = model, V
+        weight = model.lm_head.weight
+        if self.cfg.dynamic:
+            self.state = ActiveState(self.cfg.settings)
+            self.state.build(V, weight.device)
+        else:
+            self.state = None
+            idx, cnt = self.cfg.settings.index(V, weight.device)
+            self.static = (idx, cnt)
+        self.admitted: dict = {}  # request id -> tokens admitted so far
+        self.batch: list | None = None  # request ids of the proposal under way
+        self.calls = self.fallbacks = self.steps = self.checked = self.violations = 0
+        self.active_sum = self.row_calls = self.union_sum = 0
+        self.max_abs_err = 0.0
+        self.seen: dict = {}
+        self._last_log = time.monotonic()
+        self._plain = model.compute_logits
+        model.compute_logits = self.compute_logits  # this instance only
+        _log().info("trimpass: the drafter's head (V=%d) is trimmed: %s mode, %d request rows of "
+                    "%d bytes", V, "dynamic" if self.state else "static",
+                    self.cfg.settings.max_rows if self.state else 0,
+                    self.state.bytes_per_row() if self.state else 0)
+
+    # ---- rows that follow the runner's batch --------------------------------------------------
+    def begin(self, runner) -> None:
+        ib = runner.input_batch
+        req_ids = list(ib.req_ids[:ib.num_reqs])
+        self.batch, self.steps = req_ids, self.steps + 1
+        if self.state is None:
+            return
+        st, live = self.state, set(req_ids)
+        for rid in [r for r in st.requests if r not in live]:  # finished or preempted
+            st.release(rid)
+            self.admitted.pop(rid, None)
+        n = [int(ib.num_tokens_no_spec[i]) for i in range(len(req_ids))]
+        new = {rid: torch.from_numpy(ib.token_ids_cpu[i, :n[i]].copy())
+               for i, rid in enumerate(req_ids) if rid not in st.requests}
+        st.bind(req_ids, tokens=new)
+        for i, rid in enumerate(req_ids):
+            if rid in new:
+                if n[i]:
+                    st.learn(new[rid].long().to(st.freq.device))
+                self.admitted[rid] = n[i]
+                continue
+            a = min(self.admitted.get(rid, 0), n[i])
+            if n[i] > a:
+                toks = torch.from_numpy(ib.token_ids_cpu[i, a:n[i]].copy()).long()[None]
+                row = torch.tensor([st.requests[rid]], device=st.idx.device)
+                st.admit(toks.to(st.idx.device), None, learn=True, rows=row)
+            self.admitted[rid] = n[i]
+        if self.log_interval and time.monotonic() - self._last_log > self.log_interval:
+            self._last_log = time.monotonic()
+            s = self.stats()
+            _log().info("trimpass: %d trimmed head calls (%d plain), %.0f active ids per row of "
+                        "V=%d, %.0f computed per call, %d live request rows", s["calls"],
+                        s["fallbacks"], s["active_sum"] / max(s["row_calls"], 1), self.V,
+                        s["union_sum"] / max(s["calls"], 1), s["rows"])
+
+    def end(self) -> None:
+        self.batch = None
+
+    def active(self, B: int):
+        if self.state is None:
+            return self.static
+        return self.state.active(B)
+
+    # ---- the drafter's logits ------------------------------------------------------------------
+    def compute_logits(self, hidden_states: torch.Tensor):
+        model, h = self.model, hidden_states
+        proc, head = model.logits_processor, model.lm_head
+        W = getattr(head, "weight", None)
+        if (self.batch is None or h.dim() != 2 or h.shape[0] != len(self.batch)
+                or proc.logits_as_input or W is None or W.dtype != h.dtype
+                or proc.head_dtype not in (None, h.dtype)
+                or type(head.quant_method).__name__ != "UnquantizedEmbeddingMethod"):
+            self.fallbacks += 1
+            return self._plain(h)
+        B = h.shape[0]
+        idx, count = self.active(B)
+        start = head.shard_indices.org_vocab_start_index
+        local, U = trimmed_logits(h, W, idx, count, start, softcap=proc.soft_cap or 0.0)
+        logits = proc._gather_logits(local) if head.tp_size > 1 else local
+        if logits is not None:
+            logits = logits[..., :proc.org_vocab_size]
+            if proc.scale != 1.0:
+                logits = logits * proc.scale
+        self.calls += 1
+        cnt = count.reshape(-1)
+        self.active_sum += int(cnt.sum()) * (B if cnt.numel() == 1 else 1)
+        self.row_calls += B
+        self.union_sum += U
+        if self.check and logits is not None:
+            self._check(h, logits, idx, count)
+        return logits
+
+    def _check(self, h, logits, idx, count) -> None:
+        """Test mode: each row finite exactly on its active ids, equal there to the plain head."""
+        full = self._plain(h)
+        B = h.shape[0]
+        if idx.dim() == 1:
+            idx, count = idx.expand(B, -1), count.reshape(1).expand(B)
+        for b, rid in enumerate(self.batch):
+            ids = idx[b, :int(count[b])].long()
+            finite = torch.isfinite(logits[b]).nonzero().reshape(-1)
+            ok = torch.equal(finite, torch.sort(ids).values)
+            err = float((logits[b, ids] - full[b, ids]).abs().max()) if ids.numel() else 0.0
+            self.max_abs_err = max(self.max_abs_err, err)
+            self.violations += int(not ok or err > 1e-3)
+            self.seen.setdefault(rid, set()).update(ids.tolist())
+        self.checked += 1
+
+    def stats(self) -> dict:
+        return {"calls": self.calls, "fallbacks": self.fallbacks, "steps": self.steps,
+                "rows": len(self.state.requests) if self.state else 0,
+                "active_sum": self.active_sum, "row_calls": self.row_calls,
+                "union_sum": self.union_sum, "checked": self.checked,
+                "violations": self.violations, "max_abs_err": self.max_abs_err,
+                "bytes_per_row": self.state.bytes_per_row() if self.state else 0,
+                "seen": {k: sorted(v) for k, v in self.seen.items()}}
+
+
+def _trimmer_of(runner):
+    return getattr(getattr(runner, "drafter", None), "_trimpass", None)
+
+
+def install() -> None:
+    """Wrap vLLM's proposer, runner and worker once per process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    load_model = SpecDecodeBaseProposer.load_model
+    propose = GPUModelRunner.propose_draft_token_ids
+
+    def trim_load_model(self, target_model, *args, **kwargs):
+        out = load_model(self, target_model, *args, **kwargs)
+        settings = front.resolve(getattr(self.draft_model_config, "model", None))
+        if settings is not None:
+            self._trimpass = Trimmer(self, target_model, settings)
+        return out
+
+    def trim_propose(self, *args, **kwargs):
+        t = _trimmer_of(self)
+        if t is None:
+            return propose(self, *args, **kwargs)
+        t.begin(self)
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            t.end()
+
+    def trimpass_stats(self):
+        t = _trimmer_of(getattr(self, "model_runner", None))
+        return None if t is None else t.stats()
+
+    SpecDecodeBaseProposer.load_model = trim_load_model
+    GPUModelRunner.propose_draft_token_ids = trim_propose
+    WorkerBase.trimpass_stats = trimpass_stats
+    _installed = True
