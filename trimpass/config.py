@@ -37,7 +37,8 @@ class TrimpassError(_Passthrough, ValueError):
 
 
 DYNAMIC_DEFAULTS = dict(capacity=4096, core=None, learn_core=1024, successors=0,
-                        refresh_every=0, refresh_topk=64, max_rows=64)
+                        refresh_every=0, refresh_topk=64, max_rows=64, escape_rank=0,
+                        escape_topk=64, escape_gate=0.7)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class DynamicSettings:
     refresh_every: int
     refresh_topk: int
     max_rows: int
+    escape_rank: int = 0
+    escape_topk: int = 64
+    escape_gate: float = 0.7
 
     def check_vocab_size(self, V: int) -> None:
         _check_max(V, keep=self.keep, core=self.core)
@@ -86,7 +90,8 @@ class TrimConfig:
 
     A static ``vocab`` selects the static mode; ``vocab=None`` the dynamic, context-aware mode (the
     zero-configuration default). The dynamic-only settings (``capacity``, ``core``,
-    ``learn_core``, ``successors``, ``refresh_every``, ``refresh_topk``, ``max_rows``) default to
+    ``learn_core``, ``successors``, ``refresh_every``, ``refresh_topk``, ``max_rows``,
+    ``escape_rank``, ``escape_topk``, ``escape_gate``) default to
     ``None`` and take their defaults in the dynamic mode; given with a static ``vocab`` they are an
     error, since they would do nothing. :attr:`settings` holds the checked settings of the mode.
 
@@ -116,6 +121,12 @@ class TrimConfig:
     refresh_topk: dynamic mode (default 64): how many top ids a refresh step admits.
     max_rows: dynamic mode (default 64): request rows in the drafter's pool (the largest batch,
         or an engine's concurrent requests); each row holds ~64 KB at capacity 4,096.
+    escape_rank: dynamic mode (default 0, off): the rank of the escape path's low-rank proxy of
+        the head (:mod:`trimpass.escape`), which proposes ids outside the active set when the
+        trimmed distribution is unsure; must be below the head's width d.
+    escape_topk: dynamic mode (default 64): ids the escape path adds when it fires.
+    escape_gate: dynamic mode (default 0.7): the escape path fires on a row whose trimmed max
+        probability is below this, in (0, 1).
     """
 
     vocab: Any = None
@@ -132,6 +143,9 @@ class TrimConfig:
     refresh_every: int | None = None
     refresh_topk: int | None = None
     max_rows: int | None = None
+    escape_rank: int | None = None
+    escape_topk: int | None = None
+    escape_gate: float | None = None
     settings: StaticSettings | DynamicSettings = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -170,6 +184,15 @@ class TrimConfig:
         if not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise TrimpassError(f"refresh_every: must be an int >= 0 (0 disables), got "
                                 f"{self.refresh_every!r}")
+        if not isinstance(self.escape_rank, int) or self.escape_rank < 0:
+            raise TrimpassError(f"escape_rank: must be an int >= 0 (0 disables), got "
+                                f"{self.escape_rank!r}")
+        if not isinstance(self.escape_topk, int) or self.escape_topk <= 0:
+            raise TrimpassError(f"escape_topk: must be a positive int, got {self.escape_topk!r}")
+        if isinstance(self.escape_gate, bool) or not isinstance(self.escape_gate, (int, float)) \
+                or not 0 < self.escape_gate < 1:
+            raise TrimpassError(f"escape_gate: must be a probability in (0, 1), got "
+                                f"{self.escape_gate!r}")
         core = None if self.core is None else self._checked(self.core, "core")
         n_core = (0 if core is None else core.numel()) + keep.numel()
         if n_core + self.learn_core >= self.capacity:
@@ -179,7 +202,8 @@ class TrimConfig:
                 "capacity, or lower learn_core or shrink core")
         self.settings = DynamicSettings(keep, self.capacity, core, self.learn_core,
                                         self.successors, self.refresh_every, self.refresh_topk,
-                                        self.max_rows)
+                                        self.max_rows, self.escape_rank, self.escape_topk,
+                                        float(self.escape_gate))
 
     def _checked(self, ids, name: str, allow_empty: bool = False) -> torch.Tensor:
         try:

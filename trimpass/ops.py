@@ -354,6 +354,23 @@ def _refresh(token, x, weight, bias, state: int) -> None:
     token.add_(1)
 
 
+def _head_full_escape(token, x, weight, bias, idx, count, state: int, scale: float = 1.0,
+                      softcap: float = 0.0):
+    """``head_full`` then the escape path (:mod:`trimpass.escape`) on its output, in place."""
+    from trimpass.escape import escape_step
+    from trimpass.state import owner
+    out = _head_full(x, weight, bias, idx, count, scale, softcap)
+    B = count.numel()
+    escape_step(owner(state), out, x, weight, bias, idx.reshape(B, -1), count.reshape(B),
+                scale, softcap)
+    token.add_(1)
+    return out
+
+
+def _head_full_escape_fake(token, x, weight, bias, idx, count, state, scale=1.0, softcap=0.0):
+    return _head_full_fake(x, weight, bias, idx, count, scale, softcap)
+
+
 def _no_output(*args):
     return None
 
@@ -364,6 +381,9 @@ _SCHEMAS.update({
                _active_fake),
     "refresh": ("(Tensor(a!) token, Tensor x, Tensor weight, Tensor? bias, int state) -> ()",
                 _refresh, _no_output),
+    "head_full_escape": (f"(Tensor(a!) token, {_HEAD}, int state, float scale=1.0, "
+                         "float softcap=0.0) -> Tensor", _head_full_escape,
+                         _head_full_escape_fake),
 })
 for _name, (_schema, _impl, _fake) in _SCHEMAS.items():
     _lib.define(_name + _schema)
@@ -372,6 +392,7 @@ for _name, (_schema, _impl, _fake) in _SCHEMAS.items():
 
 head_compact = torch.ops.trimpass.head_compact
 head_full = torch.ops.trimpass.head_full
+head_full_escape = torch.ops.trimpass.head_full_escape
 head_topk = torch.ops.trimpass.head_topk
 scatter_full = torch.ops.trimpass.scatter_full
 mask_inactive = torch.ops.trimpass.mask_inactive

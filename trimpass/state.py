@@ -29,6 +29,7 @@ import weakref
 
 import torch
 
+from trimpass.escape import Proxy
 from trimpass.kernels import vocab_state
 from trimpass.kernels.vocab_state import put, take
 
@@ -96,6 +97,8 @@ class ActiveState:
         self.last = torch.full((R,), -1, dtype=torch.long, device=device)  # last id per row
         self.succ = torch.full((V + 1, s.successors), -1, dtype=torch.int32, device=device)
         self.token = torch.zeros(1, dtype=torch.long, device=device)
+        self.fired = torch.zeros((), dtype=torch.long, device=device)  # escape-path row-steps
+        self.proxy = Proxy(s.escape_rank) if s.escape_rank else None
         self.V = V
 
     def check_batch(self, B: int) -> None:
@@ -274,6 +277,7 @@ class ActiveState:
             "learned": 0 if self.V is None else int(self.learned.numel()),
             "active": [] if count is None else count.tolist(), "calls": self.calls,
             "requests": len(self.requests), "bytes_per_row": self.bytes_per_row(),
+            "escapes": 0 if self.V is None else int(self.fired),
         }
 
     def bytes_per_row(self) -> int:

@@ -233,3 +233,26 @@ def test_active_state_is_the_drafters_own_and_none_before_the_first_call():
     sa, sb = trimpass.active_state(ca), trimpass.active_state(cb)
     assert sa is not None and sb is not None and sa is not sb
     assert set(sa.active(1)[0][0, :int(sa.active(1)[1][0])].tolist()) == {3, 4}
+
+
+def test_escape_path_through_the_compiled_drafter_is_exact_and_its_ids_stay_active():
+    torch._dynamo.reset()
+    m, ref = _pair(seed=3)
+    with torch.no_grad():  # a flatter head, so the trimmed distribution is unsure and escapes fire
+        for t in (m, ref):
+            t.output.weight.mul_(0.02)
+    cm = torch.compile(m, backend=trimpass.backend(inner="aot_eager", learn_core=0, capacity=64,
+                                                   escape_rank=16, escape_topk=4,
+                                                   escape_gate=0.999), fullgraph=True)
+    prompt = torch.randint(0, V, (1, 5))
+    with torch.no_grad():
+        out, ref_out = cm(prompt, torch.arange(5)), ref(prompt, torch.arange(5))
+        before = ops.calls["head_full"]
+        for t in range(3):
+            fired = trimpass.stats(cm)["escapes"]
+            active = set(trimpass.active_ids(cm)[0, :trimpass.stats(cm)["active"][0]].tolist())
+            _check_step(out, ref_out, active)  # exact on the set, escaped ids included
+            nxt = out[:, -1:].argmax(-1)
+            out, ref_out = cm(nxt, torch.tensor([5 + t])), ref(nxt, torch.tensor([5 + t]))
+        assert ops.calls["head_full"] - before == 3  # the trimmed head ran on every step
+        assert trimpass.stats(cm)["escapes"] > fired >= 1

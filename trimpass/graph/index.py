@@ -2,7 +2,8 @@
 
 :class:`Index` is what :func:`trimpass.graph.rewrite.rewrite` calls: ``nodes`` inserts the nodes
 that give the head its active ids, ``before_head`` may add work before each rewritten head, and
-``admit_only`` handles a graph piece that looks tokens up but has no head. :class:`StaticIndex`
+``admit_only`` handles a graph piece that looks tokens up but has no head, and ``full_head`` may
+replace the full-vocabulary head op (the dynamic mode's escape path). :class:`StaticIndex`
 registers a fixed id list as buffers of the rewritten module. :class:`DynamicIndex` splices the
 drafter's :class:`~trimpass.state.ActiveState` in: ``trimpass::admit`` at each token-id lookup (a
 graph input named like a position, ``position_ids`` / ``cache_position`` / ``input_pos``, is passed
@@ -33,6 +34,10 @@ class Index:
 
     def before_head(self, graph: fx.Graph, head, weight, bias) -> None:
         """Work to insert before a rewritten head (none by default)."""
+
+    def full_head(self, gm: fx.GraphModule, at: fx.Node, x, weight, bias, idx, count):
+        """A node computing a full-vocabulary head in place of ``head_full``, or None (default)."""
+        return None
 
     def admit_only(self, gm: fx.GraphModule, m: Match) -> bool:
         """A graph piece with token lookups and no head; return True if it was rewritten."""
@@ -125,6 +130,15 @@ class DynamicIndex(Index):
         gm.graph.lint()
         gm.recompile()
         return True
+
+    def full_head(self, gm, at, x, weight, bias, idx, count):
+        """With the escape path on, ``head_full_escape``: the head, then the escape path."""
+        if not self.state.settings.escape_rank:
+            return None
+        token = self._token(gm, at)
+        with gm.graph.inserting_before(at):
+            return gm.graph.call_function(torch.ops.trimpass.head_full_escape.default, (
+                token, x, weight, bias, idx, count, self.state.serial))
 
     def before_head(self, graph: fx.Graph, head, weight, bias) -> None:
         """Insert the periodic full-vocabulary refresh (opt-in) before a rewritten head."""

@@ -101,7 +101,8 @@ def _replace_heads(gm: fx.GraphModule, m: Match, index: Index, idx, count, outpu
         direct = output == "full" and set(h.node.users) == {out_node}
         op = ops.head_full.default if direct else ops.head_compact.default
         with graph.inserting_before(h.node):
-            new = graph.call_function(op, (h.x, w, b, idx, count))
+            new = (direct and index.full_head(gm, h.node, h.x, w, b, idx, count)) or \
+                graph.call_function(op, (h.x, w, b, idx, count))
         new.meta.update({k: v for k, v in h.node.meta.items() if k not in ("val", "example_value")})
         old_args = list(h.node.args)
         h.node.replace_all_uses_with(new)

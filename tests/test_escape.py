@@ -1,0 +1,134 @@
+"""trimpass.escape: the proxy follows weight changes; the head stays exact on every active id and on
+every id the escape path adds, -inf elsewhere; the added ids are the proxy's best outside the set
+and join only their own request's row; a near-full-rank proxy recovers the full argmax the set
+missed; the device path has no host sync; bad settings are clear errors."""
+import pytest
+import torch
+
+from tests.nosync import no_host_sync
+from trimpass import ops
+from trimpass.config import TrimConfig, TrimpassError
+from trimpass.escape import Proxy
+from trimpass.state import ActiveState
+
+V, D = 300, 24
+
+
+def _state(rank=8, k=5, gate=0.999, cap=32, rows=3):
+    st = ActiveState(TrimConfig(capacity=cap, learn_core=0, max_rows=rows, escape_rank=rank,
+                                escape_topk=k, escape_gate=gate).settings)
+    st.build(V, "cpu")
+    return st
+
+
+def _row(st, r):
+    return set(st.idx[r, :int(st.count[r])].tolist())
+
+
+def _step(st, x, w, ids):
+    """One decode step through the real ops: admit the batch's ids, read the rows, head + escape."""
+    B = ids.shape[0]
+    torch.ops.trimpass.admit(st.token, ids, None, st.serial)
+    idx, count = torch.ops.trimpass.active(st.token, B, st.settings.capacity, st.serial)
+    out = torch.ops.trimpass.head_full_escape(st.token, x, w, None, idx, count, st.serial)
+    return out, idx, count
+
+
+def test_proxy_follows_in_place_changes_and_load_state_dict():
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(D, V, bias=False)
+    p = Proxy(6).of(lin.weight)
+    first = p.proj.clone()
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    p.of(lin.weight)
+    torch.testing.assert_close(p.proj.float(), 2 * first.float(), rtol=2e-2, atol=1e-2)
+    lin.load_state_dict({"weight": torch.randn(V, D, generator=g)})
+    p.of(lin.weight)
+    torch.testing.assert_close(p.proj, Proxy(6).of(lin.weight.detach().clone()).proj)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_head_is_exact_on_active_and_escaped_ids_and_rows_stay_apart(kernel):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(V, D, generator=g)
+    x = 0.05 * torch.randn(3, 1, D, generator=g)  # modest logits: every row is unsure
+    st = _state(k=5, gate=0.9)
+    ids = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    with ops.use_kernel(kernel):
+        out, idx, count = _step(st, x, w, ids)
+    full = x @ w.T
+    for r in range(3):
+        finite = set(torch.isfinite(out[r, -1]).nonzero().flatten().tolist())
+        before = set(idx[r, :int(count[r])].tolist())
+        added = finite - before
+        assert before <= finite and len(added) == 5, (r, before, finite)
+        assert _row(st, r) == finite  # the escaped ids joined this request's row only ...
+        fin = sorted(finite)
+        torch.testing.assert_close(out[r, -1, fin], full[r, -1, fin], rtol=1e-4, atol=1e-4)
+        proxy = st.proxy.of(w).scores(x[r, -1][None]).float()[0]
+        proxy[sorted(before)] = float("-inf")
+        assert added == set(proxy.topk(5).indices.tolist())  # ... and are the proxy's best
+    assert int(st.fired) == 3
+
+
+def test_rows_above_the_gate_are_untouched():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(V, D, generator=g)
+    x = torch.randn(2, 1, D, generator=g)
+    hit = int((x[0, -1] @ w.T).argmax())
+    flat = [i for i in range(10, 16) if i != hit]
+    w[flat] *= 1e-3  # row 1's ids have near-equal logits: p_max ~ 1/6, below the gate
+    st = _state(gate=0.5)
+    out, idx, count = _step(st, x, w, torch.tensor([[hit] * len(flat), flat]))
+    assert torch.isfinite(out[0, -1]).sum() == 1 and _row(st, 0) == {hit}  # p_max = 1: skipped
+    assert torch.isfinite(out[1, -1]).sum() == len(flat) + 5 and len(_row(st, 1)) == len(flat) + 5
+    assert int(st.fired) == 1
+
+
+def test_a_good_proxy_recovers_the_argmax_the_active_set_missed():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(V, D, generator=g)
+    misses = fixed = 0
+    for _ in range(20):
+        x = torch.randn(1, 1, D, generator=g)
+        full = (x @ w.T)[0, -1]
+        ids = torch.randint(0, V, (1, 6), generator=g)
+        ids = ids[ids != int(full.argmax())][None]  # the set misses the full argmax
+        plain = ActiveState(TrimConfig(capacity=32, learn_core=0, max_rows=1).settings)
+        plain.build(V, "cpu")
+        torch.ops.trimpass.admit(plain.token, ids, None, plain.serial)
+        i0, c0 = torch.ops.trimpass.active(plain.token, 1, 32, plain.serial)
+        miss = int(torch.ops.trimpass.head_full(x, w, None, i0, c0)[0, -1].argmax())
+        st = _state(rank=D - 1, k=8, gate=0.9999, rows=1)
+        out, _, _ = _step(st, x, w, ids)
+        misses += miss != int(full.argmax())
+        fixed += int(out[0, -1].argmax()) == int(full.argmax())
+    assert misses == 20 and fixed >= 19, (misses, fixed)
+
+
+def test_device_path_has_no_host_sync():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(V, D, generator=g)
+    st = _state()
+    with ops.use_kernel("triton"), no_host_sync():
+        for _ in range(2):
+            _step(st, 0.05 * torch.randn(2, 1, D, generator=g), w, torch.randint(0, V, (2, 2),
+                                                                         generator=g))
+    assert int(st.fired) == 4 and len(_row(st, 0)) > 2
+
+
+@pytest.mark.parametrize("kw,match", [(dict(escape_rank=-1), "escape_rank"),
+                                      (dict(escape_topk=0), "escape_topk"),
+                                      (dict(escape_gate=0.0), "escape_gate"),
+                                      (dict(escape_gate=1.0), "escape_gate"),
+                                      (dict(vocab=[1, 2], escape_rank=8), "escape_rank")])
+def test_bad_settings_are_clear_errors(kw, match):
+    with pytest.raises(TrimpassError, match=match):
+        TrimConfig(**kw)
+
+
+def test_rank_at_least_d_is_a_clear_error():
+    st = _state(rank=D)
+    with pytest.raises(ValueError, match="escape_rank"):
+        _step(st, torch.randn(1, 1, D), torch.randn(V, D), torch.tensor([[1]]))

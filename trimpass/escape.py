@@ -1,0 +1,113 @@
+"""The escape path: ids outside a request's active set that the drafter is likely to want, found by
+a training-free low-rank proxy of its own head, and only when the trimmed distribution is unsure.
+
+The proxy of a head ``W[V, d]`` is its best rank-``r`` approximation seen from the input side:
+``V_r`` (the top-``r`` eigenvectors of ``WᵀW``, i.e. W's right singular vectors) and
+``P = W V_r`` ``[V, r]`` stored in bf16, so ``score(h) = (h V_r) Pᵀ ≈ h Wᵀ`` reads ``r/d`` of the
+head's rows at half the bytes. It is rebuilt whenever the weight changes (in place or by
+``load_state_dict``: its version counter or storage moves). On a step, each batch row's confidence
+is the trimmed distribution's max probability at its last position; rows below ``gate`` take the
+proxy's top-``k`` ids outside their active set, get those ids' exact logits written into the
+full-vocabulary output, and admit them into their request row (they stay until evicted). On CPU
+the gate branches on the host; on other devices every row computes the proxy and a ``where``
+selects, so the step has static shapes and no host read (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+import torch
+
+from trimpass import ops
+
+__all__ = ["Proxy", "escape_step"]
+
+
+class Proxy:
+    """A low-rank proxy of one head weight, rebuilt when that weight changes."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.key = None
+        self.basis = self.proj = None  # V_r [d, r] (weight dtype), P [V, r] (bf16)
+
+    def of(self, weight: torch.Tensor) -> Proxy:
+        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype)
+        if key != self.key:
+            self.build(weight)
+            self.key = key
+        return self
+
+    @torch.no_grad()
+    def build(self, weight: torch.Tensor) -> None:
+        d = weight.shape[1]
+        if self.rank >= d:
+            raise ValueError(f"escape_rank: {self.rank} must be below the head's width d={d} "
+                             "(a full-rank proxy costs as much as the head)")
+        w = weight.float()
+        gram = w.T @ w
+        _, vecs = torch.linalg.eigh(gram)  # ascending eigenvalues
+        basis = vecs[:, -self.rank:].flip(1).contiguous()
+        self.basis = basis.to(weight.dtype)
+        self.proj = (w @ basis).to(torch.bfloat16).contiguous()
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Approximate logits ``[N, V]`` of hidden states ``h[N, d]``."""
+        z = (h.to(self.basis.dtype) @ self.basis).to(torch.bfloat16)
+        return z @ self.proj.T
+
+
+def confidence(last: torch.Tensor, idx: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Max probability of the trimmed distribution ``[B]`` from full logits ``last[B, V]``."""
+    z = last.gather(1, idx).float()
+    valid = torch.arange(idx.shape[1], device=idx.device) < count[:, None]
+    z = z.masked_fill(~valid, float("-inf"))
+    return torch.exp(z.max(1).values - torch.logsumexp(z, 1))
+
+
+def _exact(h, weight, bias, ids, scale, softcap):
+    z = torch.einsum("nd,nkd->nk", h.to(weight.dtype), weight[ids]).float()
+    if bias is not None:
+        z = z + bias[ids].float()
+    z = z * scale
+    return torch.tanh(z / softcap) * softcap if softcap else z
+
+
+@torch.no_grad()
+def escape_step(state, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias,
+                idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
+                softcap: float = 0.0) -> None:
+    """Run the escape path for the last position of each of ``out``'s batch rows, in place:
+    ``out[B, ..., V]`` the trimmed head's full logits, ``x`` its input, ``idx[B, CAP]`` /
+    ``count[B]`` the active ids it read; admitted ids go into ``state``'s rows."""
+    s, proxy = state.settings, state.proxy.of(weight)  # built (and checked) on the first step
+    B, V = idx.shape[0], out.shape[-1]
+    last = out.reshape(B, -1, V)[:, -1]
+    h = x.reshape(B, -1, x.shape[-1])[:, -1]
+    conf = confidence(last, idx, count)
+    fire = conf < s.escape_gate
+    host = out.is_cpu and not ops._use_triton(out)  # the CPU path may read on the host
+    if host:
+        rows = fire.nonzero().flatten()
+        state.fired.add_(rows.numel())
+        if not rows.numel():
+            return
+        h, idx_f = h[rows], idx[rows]
+    else:
+        rows, idx_f = None, idx
+    sc = proxy.scores(h).float()  # [N, V]
+    valid = torch.arange(idx_f.shape[1], device=idx.device) < (count if rows is None
+                                                                else count[rows])[:, None]
+    sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(sc.dtype),
+                       "amin")  # only ids outside the active set compete
+    top = sc.topk(s.escape_topk, dim=1).indices
+    exact = _exact(h, weight, bias, top, scale, softcap).to(out.dtype)
+    pool = state.rows_of(B)
+    pool = torch.arange(pool.start, pool.stop, device=idx.device) if isinstance(pool, slice) \
+        else pool
+    if host:
+        last[rows[:, None], top] = exact
+        state.admit(top, None, learn=False, rows=pool[rows])
+    else:  # every row computed; rows above the gate keep their values and re-admit an active id
+        keep = last.gather(1, top)
+        last.scatter_(1, top, torch.where(fire[:, None], exact, keep))
+        state.fired.add_(fire.sum())
+        state.admit(torch.where(fire[:, None], top, idx[:, :1]), None, learn=False, rows=pool)
