@@ -71,3 +71,17 @@ def test_static_list_and_plain_head_fallback(monkeypatch):
     monkeypatch.setattr(head, "MAX_UNION", 2)  # over the bound: the plain head, same result
     out2, _ = head.trimmed_logits(x, W, ids, torch.tensor([4]))
     torch.testing.assert_close(out2, out)
+
+
+def test_one_bounded_copy_per_head_as_the_union_grows():
+    V, d = 5000, 8
+    x, W = torch.randn(1, d), torch.randn(V, d)
+    compact.clear()
+    head._buckets.clear()
+    seen = []
+    for n in (10, 300, 40, 700, 20):
+        idx = torch.randperm(V)[:n][None]
+        out, _ = head.trimmed_logits(x, W, idx, torch.tensor([n]))
+        assert torch.isfinite(out).sum() == n
+        seen.append([k[6] for k in compact._cache])  # the CAP of every cached copy
+    assert seen == [[256], [512], [512], [1024], [1024]]  # one copy, grown, never shrunk

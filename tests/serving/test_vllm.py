@@ -71,3 +71,57 @@ def test_rows_are_isolated_between_requests(runs):
     for i in (0, 6):  # prompt 0 (ids 1800..) and prompt 1 (1900..), alone and concurrent
         a, b = seen[next(k for k in seen if k.startswith(f"{i}-"))], set(prompts[1])
         assert not (set(a) & b - set(outs[i]))
+
+
+def _chi2_p(counts, probs):
+    """Pearson's chi-square p-value of ``counts`` against ``probs`` (bins expected < 5 merged)."""
+    import torch
+    n = counts.sum()
+    exp = probs * n
+    small = exp < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([exp[~small], exp[small].sum()[None]])
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), stat / 2))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM 0.32's CPU build: speculative decoding with temperature does not keep the target's "
+    "distribution even untrimmed (a draft_model drafter, greedy or probabilistic drafts, trimpass "
+    "disabled: the second token is 0 in 1,066 of 3,000 samples, 158 without speculation); strict, "
+    "so a vLLM that fixes it makes this test fail until the mark is removed"))
+def test_with_temperature_the_emitted_distribution_is_the_targets(tmp_path):
+    """Temperature 1 with probabilistic drafts from the trimmed head (zero probability off a
+    row's active ids): the second token (the first one verified against drafts) follows the
+    target's distribution; the same samples tested against the trimmed drafter's own
+    distribution (what emitting drafts unverified would give) are rejected: the negative
+    control shows the test can tell."""
+    import torch
+    from transformers import Gemma3ForCausalLM
+
+    from tests.serving import vllm_run as vr
+    d = str(tmp_path / "v64")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    keep = list(range(16))
+    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_run.py"), d, "sample",
+                        json.dumps({"learn_core": 0, "keep": keep, "capacity": 32})],
+                       capture_output=True, text=True, env=env, timeout=600)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert r["stats"]["calls"] > 0 and r["stats"]["fallbacks"] == 0
+    V, prompt = vr.SAMPLE_V, vr.SAMPLE_PROMPT
+    m = Gemma3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():
+        p1 = m(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        p2 = m(torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1].softmax(-1)
+    active = torch.zeros(V, V, dtype=torch.bool)  # row x1: keep + prompt + x1
+    active[:, keep + prompt] = True
+    active[torch.arange(V), torch.arange(V)] = True
+    q2 = torch.where(active, p2, 0.0)
+    q2 = q2 / q2.sum(1, keepdim=True)
+    counts = torch.bincount(torch.tensor([pair[1] for pair in r["pairs"]]), minlength=V).double()
+    assert _chi2_p(counts, (p1 @ q2).double()) < 1e-6  # the negative control rejects
+    assert _chi2_p(counts, (p1 @ p2).double()) > 1e-3

@@ -15,12 +15,12 @@ import sys
 V, K = 2048, 3
 
 
-def make_model(d: str) -> None:
+def make_model(d: str, vocab: int = V) -> None:
     """A tiny random Gemma3ForCausalLM (untied head, so greedy outputs vary) in safetensors."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
+    cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                            head_dim=32, max_position_embeddings=512, sliding_window=64,
                            layer_types=["full_attention"] * 2, tie_word_embeddings=False,
@@ -39,10 +39,36 @@ def prompts() -> list[list[int]]:
     return out
 
 
+SAMPLE_V, SAMPLE_PROMPT, SAMPLES = 64, [1, 2, 3, 4, 5], 3000
+
+
+def sample(d: str, settings: dict) -> None:
+    """Temperature 1, probabilistic drafts (vLLM's rejection sampler uses their probabilities):
+    SAMPLES seeded requests of one prompt; prints the (first, second) token pairs."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from trimpass.serving import vllm as tv
+    trim = not settings.pop("untrimmed", False)
+    args = tv.engine_args(d, d, K, trim=trim, **settings)
+    args["speculative_config"]["draft_sample_method"] = "probabilistic"
+    llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
+              gpu_memory_utilization=0.2, enforce_eager=True, max_num_seqs=64)
+    ps = [SamplingParams(temperature=1.0, max_tokens=2, detokenize=False, ignore_eos=True,
+                         seed=i) for i in range(SAMPLES)]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=SAMPLE_PROMPT)] * SAMPLES, ps,
+                        use_tqdm=False)
+    pairs = [list(o.outputs[0].token_ids) for o in outs]
+    print("RESULT " + json.dumps({"pairs": pairs, "stats": {
+        k: v for k, v in tv.stats(llm).items() if k != "seen"}}), flush=True)
+
+
 def main() -> None:
     d, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     if not os.path.exists(os.path.join(d, "config.json")):
-        make_model(d)
+        make_model(d, SAMPLE_V if mode == "sample" else V)
+    if mode == "sample":
+        return sample(d, settings)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -6,26 +6,36 @@ would cost ``B x CAP x d`` floats (671 MB at 64 rows, capacity 4,096, d = 640, f
 :func:`trimmed_logits` takes the union of the rows' ids that fall in this shard, runs trimpass's
 ``trimpass::head_compact`` op once over it (its cached compact copy is shared by the rows, padded to
 a power-of-two bucket so the cache entry is stable) and places each row's own logits into a row of
-``-inf``: a row's finite logits are exactly its active ids, never another request's. A union over
-``MAX_UNION`` ids falls back to the plain head (exact, no copy), which bounds the copy at
-``MAX_UNION x d`` (168 MB at d = 640, fp32). A vocabulary-sharded head (tensor parallelism) passes
-its shard's rows and ``start``; concatenating the shards' outputs gives the unsharded result.
+``-inf``: a row's finite logits are exactly its active ids, never another request's. A weight's
+bucket only grows (no re-gather when the union hovers at a boundary) and its smaller buckets'
+copies are dropped; a union over ``MAX_UNION`` ids falls back to the plain head (exact, no copy).
+So the copy is at most ``MAX_UNION x d`` per head (168 MB at d = 640, fp32). A vocabulary-sharded
+head (tensor parallelism) passes its shard's rows and ``start``; concatenating the shards' outputs
+gives the unsharded result.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from trimpass import ops
+from trimpass import compact, ops
 
 MAX_UNION = 65_536  # ids in one shared compact copy; beyond it, the plain head
 MIN_BUCKET = 256
+_buckets: dict = {}  # weight data_ptr -> the largest bucket it has used
 
 
-def _bucket(n: int) -> int:
-    b = MIN_BUCKET
+def _bucket(weight: torch.Tensor, n: int) -> int:
+    """A power of two >= n, never below the weight's earlier buckets; drops the weight's other
+    compact copies when it grows."""
+    key = weight.data_ptr()
+    b = max(MIN_BUCKET, _buckets.get(key, 0))
     while b < n:
         b *= 2
+    if b != _buckets.get(key):
+        _buckets[key] = b
+        for k in [k for k in compact._cache if k[0] == key and k[6] != b]:
+            del compact._cache[k]
     return b
 
 
@@ -59,7 +69,7 @@ def trimmed_logits(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, cou
         z = ops.softcap(F.linear(x, weight), softcap)
         out[rowof, local] = z[rowof, local]
         return out, U
-    ids = torch.zeros(_bucket(U), dtype=torch.long, device=x.device)
+    ids = torch.zeros(_bucket(weight, U), dtype=torch.long, device=x.device)
     ids[:U] = uniq
     cnt = torch.tensor([U], dtype=torch.int32, device=x.device)
     z = ops.head_compact(x.contiguous(), weight, None, ids, cnt, 1.0, float(softcap or 0.0))

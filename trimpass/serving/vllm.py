@@ -122,10 +122,13 @@ def stats(llm) -> dict:
     """The trimming counters of every worker of ``llm`` (a ``vllm.LLM``), summed: ``calls``
     (trimmed-head calls), ``fallbacks`` (drafter logits computed by the plain head), ``rows``
     (live request rows), ``mean_active`` (active ids per request row per call), ``mean_union``
-    (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming); with the
+    (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming),
+    ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
     ``check`` setting also ``checked`` and ``violations``. All zero when nothing trims."""
-    got = [s for s in llm.collective_rpc("trimpass_stats") if s]
-    out = {"workers": len(got)}
+    every = [s for s in llm.collective_rpc("trimpass_stats") if s]
+    got = [s for s in every if "calls" in s]
+    out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
+           "propose_s": sum(s["propose_s"] for s in every)}
     for k in ("calls", "fallbacks", "rows", "active_sum", "row_calls", "union_sum", "checked",
               "violations", "steps"):
         out[k] = sum(s.get(k, 0) for s in got)

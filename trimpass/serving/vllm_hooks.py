@@ -23,6 +23,7 @@ from trimpass.serving.head import trimmed_logits
 from trimpass.state import ActiveState
 
 _installed = False
+_proposals = [0, 0.0]  # proposals and their seconds in this process, trimmed or not (benchmarks)
 
 
 def _log():
@@ -204,18 +205,21 @@ def install() -> None:
         return out
 
     def trim_propose(self, *args, **kwargs):
-        t = _trimmer_of(self)
-        if t is None:
-            return propose(self, *args, **kwargs)
-        t.begin(self)
+        t0, t = time.perf_counter(), _trimmer_of(self)
+        if t is not None:
+            t.begin(self)
         try:
             return propose(self, *args, **kwargs)
         finally:
-            t.end()
+            if t is not None:
+                t.end()
+            _proposals[0] += 1
+            _proposals[1] += time.perf_counter() - t0
 
     def trimpass_stats(self):
         t = _trimmer_of(getattr(self, "model_runner", None))
-        return None if t is None else t.stats()
+        out = {"proposals": _proposals[0], "propose_s": _proposals[1]}
+        return out if t is None else {**t.stats(), **out}
 
     SpecDecodeBaseProposer.load_model = trim_load_model
     GPUModelRunner.propose_draft_token_ids = trim_propose

@@ -1,0 +1,129 @@
+"""vLLM tokens/s with Gemma-3-270M: no speculation, the untrimmed drafter, the trimmed drafter.
+
+Two steps, two venvs (vLLM's venv has no GGUF reader):
+
+    .venv/bin/python bench/vllm_tokens.py --prepare [--drafter-weights FILE]   # checkpoints
+    LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python bench/vllm_tokens.py
+
+``--prepare`` writes the real Gemma-3-270M target (``trimpass.models.gemma3_270m``) and its 2-layer
+drafter (``gemma3_270m_drafter(weights=...)``: the shipped weights by default, ``none`` for the
+untrained truncation) as safetensors checkpoints with ``trimpass.models.save_hf``, plus held-out
+ShareGPT prompts in Gemma's turn format, under ``--dir``. The run starts one engine per
+configuration (each in its own process, one at a time), generates greedily (fp32, eager) with
+1, 4 and 16 concurrent requests and prints tokens/s, draft ms per proposal (the drafter's whole
+proposal of K tokens) and MAT (mean tokens per target step: 1 + accepted / proposals). Every
+configuration runs with ``disable_hybrid_kv_cache_manager=True``: vLLM 0.32's draft-model
+proposer needs all drafter layers in one KV-cache group, and Gemma 3's hybrid sliding/full
+layout otherwise splits them ("All drafting layers should belong to the same kv cache group").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CONFIGS = ("none", "untrimmed", "trimmed")
+
+
+def prepare(a) -> None:
+    from trimpass import models
+    from trimpass.hf import gemma
+    from trimpass.select.corpora import held_out, read
+    os.makedirs(a.dir, exist_ok=True)
+    models.save_hf(models.gemma3_270m(), os.path.join(a.dir, "target"))
+    w = None if a.drafter_weights == "none" else a.drafter_weights
+    models.save_hf(models.gemma3_270m_drafter(weights=w), os.path.join(a.dir, "drafter"))
+    tok, out = gemma.GGUFTokenizer(), []
+    for d in read("sharegpt"):
+        if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000:
+            out.append(tok.chat(d.prompt, 128))
+        if len(out) == 16:
+            break
+    with open(os.path.join(a.dir, "prompts.json"), "w") as f:
+        json.dump(out, f)
+    print(f"wrote {a.dir}/target, drafter ({a.drafter_weights}), prompts.json")
+
+
+def serve(a) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from trimpass.serving import vllm as tv
+    target, drafter = os.path.join(a.dir, "target"), os.path.join(a.dir, "drafter")
+    if a.config == "none":
+        args = {"model": target}
+    else:
+        args = tv.engine_args(target, drafter, a.k, trim=a.config == "trimmed")
+    llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
+              gpu_memory_utilization=a.memory, enforce_eager=True, max_num_seqs=16,
+              disable_log_stats=False, disable_hybrid_kv_cache_manager=True)
+    with open(os.path.join(a.dir, "prompts.json")) as f:
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in json.load(f)]
+    sp = SamplingParams(temperature=0, max_tokens=a.tokens, detokenize=False, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, detokenize=False),
+                 use_tqdm=False)  # warm-up
+    rows = []
+    for c in (1, 4, 16):
+        before = _counters(llm)
+        t = time.perf_counter()
+        outs = llm.generate(prompts[:c], sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        after = _counters(llm)
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        d = {k: after[k] - before[k] for k in after}
+        rows.append({"config": a.config, "concurrency": c, "tokens_s": n / dt,
+                     "draft_ms": 1e3 * d["propose_s"] / max(d["proposals"], 1),
+                     "mat": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
+                     "mean_active": after.get("mean_active")})
+    print("RESULT " + json.dumps(rows), flush=True)
+
+
+def _counters(llm) -> dict:
+    from trimpass.serving import vllm as tv
+    m = {x.name: getattr(x, "value", 0) for x in llm.get_metrics()}
+    s = tv.stats(llm)
+    return {"accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),
+            "drafts": m.get("vllm:spec_decode_num_drafts", 0), "proposals": s["proposals"],
+            "propose_s": s["propose_s"], "mean_active": s["mean_active"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dir", default="out/vllm_bench")
+    p.add_argument("--prepare", action="store_true", help="write the checkpoints (main venv)")
+    p.add_argument("--drafter-weights", default="shipped",
+                   help="'shipped', a safetensors file from `trimpass train`, or 'none'")
+    p.add_argument("--config", choices=CONFIGS, help="serve one configuration (internal)")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
+    p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
+    p.add_argument("--memory", type=float, default=0.3,
+                   help="gpu_memory_utilization: on CPU the share of RAM vLLM reserves (0.2 "
+                        "leaves no KV cache once target and drafter weights are in)")
+    a = p.parse_args()
+    if a.prepare:
+        return prepare(a)
+    if a.config:
+        return serve(a)
+    print("| drafter | concurrency | tokens/s | draft ms/proposal | MAT | mean active ids |")
+    print("|---|---|---|---|---|---|")
+    for c in a.configs.split(","):
+        cmd = [sys.executable, __file__, "--config", c, "--dir", a.dir, "--tokens",
+               str(a.tokens), "-k", str(a.k), "--memory", str(a.memory)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+        if r.returncode or not lines:
+            sys.exit(f"{c}: failed\n{r.stderr[-4000:]}")
+        for row in json.loads(lines[-1][7:]):
+            mat = "-" if row["mat"] is None else f"{row['mat']:.2f}"
+            ms = "-" if c == "none" else f"{row['draft_ms']:.1f}"
+            act = f"{row['mean_active']:.0f}" if c == "trimmed" else "-"
+            print(f"| {c} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | {act} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
