@@ -12,9 +12,10 @@ ShareGPT prompts in Gemma's turn format, under ``--dir``. The run starts one eng
 configuration (each in its own process, one at a time), generates greedily (fp32, eager) with
 1, 4 and 16 concurrent requests and prints tokens/s, draft ms per proposal (the drafter's whole
 proposal of K tokens) and MAT (mean tokens per target step: 1 + accepted / proposals). Every
-configuration runs with ``disable_hybrid_kv_cache_manager=True``: vLLM 0.32's draft-model
-proposer needs all drafter layers in one KV-cache group, and Gemma 3's hybrid sliding/full
-layout otherwise splits them ("All drafting layers should belong to the same kv cache group").
+configuration runs with ``disable_hybrid_kv_cache_manager=True`` (``engine_args`` sets it for
+Gemma 3): vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group, and
+Gemma 3's hybrid sliding/full layout otherwise splits them ("All drafting layers should belong to
+the same kv cache group").
 """
 from __future__ import annotations
 
@@ -53,13 +54,13 @@ def serve(a) -> None:
 
     from trimpass.serving import vllm as tv
     target, drafter = os.path.join(a.dir, "target"), os.path.join(a.dir, "drafter")
-    if a.config == "none":
-        args = {"model": target}
+    if a.config == "none":  # the same KV-cache layout as the speculative runs
+        args = {"model": target, "disable_hybrid_kv_cache_manager": True}
     else:
         args = tv.engine_args(target, drafter, a.k, trim=a.config == "trimmed")
     llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
               gpu_memory_utilization=a.memory, enforce_eager=True, max_num_seqs=16,
-              disable_log_stats=False, disable_hybrid_kv_cache_manager=True)
+              disable_log_stats=False)
     with open(os.path.join(a.dir, "prompts.json")) as f:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in json.load(f)]
     sp = SamplingParams(temperature=0, max_tokens=a.tokens, detokenize=False, ignore_eos=True)

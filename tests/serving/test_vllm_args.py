@@ -8,9 +8,9 @@ from trimpass.config import TrimpassError
 from trimpass.serving import vllm as tv
 
 
-def _ckpt(path, V):
+def _ckpt(path, V, **cfg):
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({"vocab_size": V}))
+    (path / "config.json").write_text(json.dumps({"vocab_size": V, **cfg}))
     return str(path)
 
 
@@ -57,3 +57,11 @@ def test_settings_reach_workers_through_the_file_and_env(tmp_path, any_vllm, mon
     assert tv.resolve(d) == {"capacity": 512}
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")
     assert tv.resolve(d) is None
+
+
+def test_a_hybrid_attention_target_gets_one_kv_cache_group(tmp_path, any_vllm):
+    d = _ckpt(tmp_path / "d", 100)
+    plain = _ckpt(tmp_path / "t", 100, layer_types=["full_attention"] * 2)
+    hybrid = _ckpt(tmp_path / "h", 100, layer_types=["sliding_attention", "full_attention"])
+    assert "disable_hybrid_kv_cache_manager" not in tv.engine_args(plain, d)
+    assert tv.engine_args(hybrid, d)["disable_hybrid_kv_cache_manager"] is True

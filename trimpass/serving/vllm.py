@@ -45,10 +45,14 @@ def check_version(version: str | None = None) -> None:
                            f"{TESTED_VERSION}) or set TRIMPASS_DISABLE=1 to serve untrimmed")
 
 
+def _config(checkpoint: str) -> dict:
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        return json.load(f)
+
+
 def vocab_size(checkpoint: str) -> int:
     """The vocabulary size in a Hugging Face checkpoint directory's ``config.json``."""
-    with open(os.path.join(checkpoint, "config.json")) as f:
-        cfg = json.load(f)
+    cfg = _config(checkpoint)
     V = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
     if not isinstance(V, int):
         raise ValueError(f"{checkpoint}/config.json: no vocab_size")
@@ -99,7 +103,9 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
     :class:`trimpass.TrimConfig`'s engine settings (``vocab``, ``keep``, ``capacity``, ``core``,
     ``learn_core``, ``successors``, ``max_rows``; ``max_rows`` defaults to vLLM's
     ``max_num_seqs``). Everything is checked here, before an engine starts; the settings are
-    written to ``drafter_dir/trimpass.json``, where every worker process reads them."""
+    written to ``drafter_dir/trimpass.json``, where every worker process reads them. A target
+    mixing sliding and full attention layers also gets ``disable_hybrid_kv_cache_manager=True``
+    (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group)."""
     if trim:
         check_version(_vllm_version())
     Vt, Vd = vocab_size(target_dir), vocab_size(drafter_dir)
@@ -113,9 +119,14 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
         raise TrimpassError(f"{next(iter(trim_settings))}: a trim setting with trim=False")
     with open(os.path.join(drafter_dir, SETTINGS_FILE), "w") as f:
         json.dump({"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}, f)
-    return {"model": target_dir,
+    args = {"model": target_dir,
             "speculative_config": {"method": "draft_model", "model": drafter_dir,
                                    "num_speculative_tokens": int(num_speculative_tokens)}}
+    # vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group; a hybrid
+    # sliding/full target (Gemma 3) splits them unless the hybrid KV-cache manager is off
+    if len(set(_config(target_dir).get("layer_types") or ())) > 1:
+        args["disable_hybrid_kv_cache_manager"] = True
+    return args
 
 
 def stats(llm) -> dict:
@@ -155,7 +166,7 @@ def register() -> None:
         if os.environ.get(ENV, "").strip() not in ("", "0", "false"):
             check_version(vllm.__version__)
         from vllm.logger import init_logger
-        init_logger("trimpass").warning(
+        init_logger("vllm.trimpass").warning(
             "trimpass: vllm %s is not %s, the version trimpass was tested with; trimming stays "
             "off", vllm.__version__, TESTED_VERSION)
         return

@@ -28,7 +28,7 @@ _proposals = [0, 0.0]  # proposals and their seconds in this process, trimmed or
 
 def _log():
     from vllm.logger import init_logger
-    return init_logger("trimpass")
+    return init_logger("vllm.trimpass")
 
 
 class Trimmer:
