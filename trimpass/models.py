@@ -42,10 +42,20 @@ def drafter_from(target, layers: int = 2):
     return draft.eval()
 
 
+SHIPPED = os.path.join(os.path.dirname(__file__), "weights", "gemma3_270m_drafter.safetensors")
+
+
 def gemma3_270m_drafter(dtype: torch.dtype = torch.float32, layers: int = 2,
-                        weights: str | None = None):
-    """The Gemma-3-270M drafter: its first ``layers`` layers, independent of the target; with
-    ``weights`` (a safetensors file written by ``trimpass train``) the trained parameters loaded."""
+                        weights: str | None = "shipped"):
+    """The Gemma-3-270M drafter: its first ``layers`` layers, independent of the target, with the
+    trained weights that ship with trimpass (``weights="shipped"``, a low-rank delta written by
+    ``python -m trimpass train``; see the README), another such file, or none (``None``: the
+    untrained truncation)."""
+    if weights == "shipped":
+        if layers != 2:
+            raise ValueError("the shipped drafter has 2 layers; pass weights=None (untrained) or "
+                             f"your own weights file for layers={layers}")
+        weights = SHIPPED
     draft = drafter_from(gemma3_270m(dtype), layers)
     if weights is not None:
         load_weights(draft, weights)
