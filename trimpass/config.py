@@ -37,8 +37,8 @@ class TrimpassError(_Passthrough, ValueError):
 
 
 DYNAMIC_DEFAULTS = dict(capacity=4096, core=None, learn_core=1024, successors=0,
-                        refresh_every=0, refresh_topk=64, max_rows=64, escape_rank=0,
-                        escape_topk=64, escape_gate=0.7)
+                        refresh_every=0, refresh_topk=64, max_rows=64, escape_rank=16,
+                        escape_topk=64, escape_gate=0.5)
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,9 @@ class DynamicSettings:
     refresh_every: int
     refresh_topk: int
     max_rows: int
-    escape_rank: int = 0
+    escape_rank: int = 16
     escape_topk: int = 64
-    escape_gate: float = 0.7
+    escape_gate: float = 0.5
 
     def check_vocab_size(self, V: int) -> None:
         _check_max(V, keep=self.keep, core=self.core)
@@ -121,11 +121,13 @@ class TrimConfig:
     refresh_topk: dynamic mode (default 64): how many top ids a refresh step admits.
     max_rows: dynamic mode (default 64): request rows in the drafter's pool (the largest batch,
         or an engine's concurrent requests); each row holds ~64 KB at capacity 4,096.
-    escape_rank: dynamic mode (default 0, off): the rank of the escape path's low-rank proxy of
-        the head (:mod:`trimpass.escape`), which proposes ids outside the active set when the
-        trimmed distribution is unsure; must be below the head's width d.
+    escape_rank: dynamic mode (default 16; 0 disables): the rank of the escape path's low-rank
+        proxy of the head (:mod:`trimpass.escape`), which proposes ids outside the active set when
+        the trimmed distribution is unsure; must be below the head's width d. The default took
+        the real Gemma-3-270M's greedy agreement from 97.0% to 98.0% for ~240 more head rows a
+        step amortized (README: the escape path's frontier).
     escape_topk: dynamic mode (default 64): ids the escape path adds when it fires.
-    escape_gate: dynamic mode (default 0.7): the escape path fires on a row whose trimmed max
+    escape_gate: dynamic mode (default 0.5): the escape path fires on a row whose trimmed max
         probability is below this, in (0, 1).
     """
 

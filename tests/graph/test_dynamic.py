@@ -81,7 +81,7 @@ def test_batch_of_two_rows_has_per_row_vocabularies():
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = Transformer(V).eval()
-    c = trimpass.trim(m, refresh_every=0, learn_core=0, inner="aot_eager")
+    c = trimpass.trim(m, refresh_every=0, learn_core=0, escape_rank=0, inner="aot_eager")
     ids = torch.tensor([[1, 2, 3], [7, 8, 9]])
     with torch.no_grad():
         out = c(ids)
@@ -121,7 +121,7 @@ def test_rows_follow_requests_when_the_batch_size_changes():
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = _Lookup().eval()
-    c = torch.compile(m, backend=trimpass.backend(learn_core=0, inner="aot_eager"))
+    c = torch.compile(m, backend=trimpass.backend(learn_core=0, escape_rank=0, inner="aot_eager"))
     seen = {}
     with torch.no_grad():
         for B in (2, 1, 3, 4):  # 1 is specialized by Dynamo, then 3 and 4 would share a
@@ -171,20 +171,29 @@ def test_two_instances_of_one_class_have_their_own_state(shared_backend):
     assert 1400 in active(cb)
 
 
-def test_two_truncated_drafters_sharing_weights_have_their_own_state():
+@pytest.mark.parametrize("escape_a", [False, True])
+def test_two_truncated_drafters_sharing_weights_have_their_own_state(escape_a):
     torch._dynamo.reset()
     torch.manual_seed(0)
     a = _Lookup().eval()
     b = _Lookup().eval()
     b.emb = a.emb  # one embedding and tied head, as two truncations of one model share
-    ca = trimpass.trim(a, learn_core=0, inner="aot_eager")
-    cb = trimpass.trim(b, learn_core=0, inner="aot_eager")
+    esc = dict(escape_rank=8, escape_topk=16, escape_gate=0.999) if escape_a else \
+        dict(escape_rank=0)
+    ca = trimpass.trim(a, learn_core=0, inner="aot_eager", **esc)
+    cb = trimpass.trim(b, learn_core=0, escape_rank=0, inner="aot_eager")
     with torch.no_grad():
         oa, ob = ca(torch.tensor([[11, 12]])), cb(torch.tensor([[21, 22]]))
         oa2 = ca(torch.tensor([[13, 11]]))
-    assert _finite(oa) == {11, 12} and _finite(ob) == {21, 22}
-    assert _finite(oa2) == {11, 12, 13}
-    assert trimpass.stats(ca)["active"] == [3] and trimpass.stats(cb)["active"] == [2]
+        ob2 = cb(torch.tensor([[23]]))
+    assert _finite(ob) == {21, 22} and _finite(ob2) == {21, 22, 23}  # a's escapes never reach b
+    assert trimpass.stats(cb)["active"] == [3]
+    if escape_a:  # a's own rows hold its context and the ids its escape path added
+        assert trimpass.stats(ca)["escapes"] == 2 and {11, 12, 13} < _finite(oa2)
+        assert len(_finite(oa)) == 2 + 16 and len(_finite(oa2)) >= 3 + 16
+    else:
+        assert _finite(oa) == {11, 12} and _finite(oa2) == {11, 12, 13}
+        assert trimpass.stats(ca)["active"] == [3]
 
 
 def test_reset_before_the_first_call_is_a_no_op():
