@@ -29,7 +29,7 @@ def test_paired_bootstrap_constant_difference_and_bad_input():
 
 def test_expected_lengths_is_gamma_for_the_target_itself(tmp_path):
     pytest.importorskip("transformers")
-    from tests.train.test_trainer import tiny
+    from tests.train.conftest import tiny
     from trimpass.models import drafter_from
     from trimpass.train.cache import build_cache
     from trimpass.train.compare import expected_lengths

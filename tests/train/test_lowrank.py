@@ -6,23 +6,10 @@ import pytest
 import torch
 
 pytest.importorskip("peft")
-from tests.train.test_trainer import KW, N, S, V, fresh, tiny  # noqa: E402
+from tests.train.conftest import KW, fresh  # noqa: E402
 from trimpass.models import load_weights  # noqa: E402
 from trimpass.train.lowrank import LORA_A, LORA_B  # noqa: E402
 from trimpass.train.trainer import evaluate, train  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def cache(target, tmp_path_factory):
-    from trimpass.train.cache import build_cache
-    ids = torch.randint(0, V, (N, S), generator=torch.Generator().manual_seed(1))
-    return build_cache(target, ids, model_key="tiny-lowrank", k=8,
-                       directory=str(tmp_path_factory.mktemp("cache")))
 
 
 def _logits(d, ids):

@@ -6,44 +6,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
+from tests.train.conftest import KW, S, V, fresh, tiny  # noqa: E402
 from trimpass.models import drafter_from  # noqa: E402
 from trimpass.select.corpora import Doc, held_out  # noqa: E402
 from trimpass.train.cache import build_cache, load_cache  # noqa: E402
 from trimpass.train.data import pack, train_docs  # noqa: E402
 from trimpass.train.trainer import evaluate, train  # noqa: E402
-
-V, S, N = 300, 16, 8
-
-
-def tiny(layers=3, vocab=V):
-    torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-        sliding_window=8, tie_word_embeddings=True)
-    m = transformers.Gemma3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        m.model.norm.weight.fill_(30.0)  # a peaky target: random init is near uniform
-    return m
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def cache(target, tmp_path_factory):
-    ids = torch.randint(0, V, (N, S), generator=torch.Generator().manual_seed(1))
-    return build_cache(target, ids, model_key="tiny", k=8,
-                       directory=str(tmp_path_factory.mktemp("cache")))
-
-
-def fresh(target):
-    return drafter_from(target, 2)
-
-
-KW = dict(tokens=20 * 2 * S, batch=2, lr=3e-4, gamma=3, ckpt_every=100)
 
 
 @pytest.mark.parametrize("loss,grpo,active", [("kl", False, None), ("eal", False, None),
