@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=96)
     p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2, help="drafter's decoder layers (18: the "
+                   "target drafting for itself)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--heldout-tokens", type=int, default=8192, help="text for E[L]")
     p.add_argument("--untrimmed", action="store_true", help="run the drafters untrimmed")
@@ -57,10 +59,10 @@ def main(argv=None) -> int:
     _, refs = assisted.run(model, None, prompts, a.new_tokens, "target alone")
     rows = []
     for name, path in pairs:
-        base, _ = demo._drafter(model, 2, None if path == "none" else path, True)
-        el = expected_lengths(G.truncated(base, 2), cache, a.gamma)
+        base, _ = demo._drafter(model, a.layers, None if path == "none" else path, True)
+        el = expected_lengths(G.truncated(base, a.layers), cache, a.gamma)
         torch._dynamo.reset()
-        draft = G.truncated(base, 2)
+        draft = G.truncated(base, a.layers)
         g = draft.generation_config
         g.num_assistant_tokens, g.num_assistant_tokens_schedule = a.gamma, "constant"
         g.assistant_confidence_threshold = 0.0

@@ -4,11 +4,12 @@ The target is Gemma-3-270M at full vocabulary; the drafter is its first ``--laye
 with the tied head (a self-speculative drafter) and, by default, the trained weights that ship with
 trimpass (``--drafter``), compiled with the same inner compiler plainly and through trimpass (zero
 configuration: the dynamic vocabulary with its learned core; and the context alone, without the
-learned core), in bf16 by default (``--dtype``). ``generate`` is called as a user would, on
-ShareGPT prompts. Printed: draft ms per call, a per-round breakdown (draft ms + verify ms -> MAT),
-acceptance, tokens/s, speedups over the target alone timed right after each drafter, lossless
-✓/✗, which model ran; a PNG plots draft time and MAT against the active vocabulary size. If the
-model package is missing, a small random-weight Gemma-3 stands in, and the table says so.
+learned core), in fp32 by default (``--dtype``: bf16 is faster here but not bit-exact).
+``generate`` is called as a user would, on ShareGPT prompts. Printed: draft ms per call, a
+per-round breakdown (draft ms + verify ms -> MAT), acceptance, tokens/s, speedups over the target
+alone timed right after each drafter, lossless ✓/✗, which model ran; a PNG plots draft time and
+MAT against the active vocabulary size. If the model package is missing, a small random-weight
+Gemma-3 stands in, and the table says so.
 """
 from __future__ import annotations
 
