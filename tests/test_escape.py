@@ -132,3 +132,20 @@ def test_rank_at_least_d_is_a_clear_error():
     st = _state(rank=D)
     with pytest.raises(ValueError, match="escape_rank"):
         _step(st, torch.randn(1, 1, D), torch.randn(V, D), torch.tensor([[1]]))
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_escaped_ids_take_free_slots_only_and_never_evict(kernel):
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(V, D, generator=g)
+    st = _state(k=5, gate=0.9, cap=8, rows=1)
+    ctx = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with ops.use_kernel(kernel):
+        for step in range(3):
+            out, _, _ = _step(st, 0.05 * torch.randn(1, 1, D, generator=g), w,
+                              ctx if step == 0 else ctx[:, :1])
+            fin = set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist())
+            assert {1, 2, 3, 4, 5, 6} <= fin and len(fin) <= 8  # capacity holds, context stays
+    assert {1, 2, 3, 4, 5, 6} <= _row(st, 0) and len(_row(st, 0)) == 8
+    torch.ops.trimpass.admit(st.token, torch.tensor([[7, 8]]), None, st.serial)  # full: evicts
+    assert _row(st, 0) == {1, 2, 3, 4, 5, 6, 7, 8}  # the escaped ids, never the request's own

@@ -7,16 +7,19 @@ The proxy of a head ``W[V, d]`` is its best rank-``r`` approximation seen from t
 head's rows at half the bytes. It is rebuilt whenever the weight changes (in place or by
 ``load_state_dict``: its version counter or storage moves). On a step, each batch row's confidence
 is the trimmed distribution's max probability at its last position; rows below ``gate`` take the
-proxy's top-``k`` ids outside their active set, get those ids' exact logits written into the
-full-vocabulary output, and admit them into their request row (they stay until evicted). On CPU
-the gate branches on the host; on other devices every row computes the proxy and a ``where``
-selects, so the step has static shapes and no host read (CUDA-graph capturable).
+proxy's top-``k`` ids outside their active set (as many as the row has free slots: escaped ids
+never evict an id and never push a row past its capacity), get those ids' exact logits written
+into the full-vocabulary output, and admit them into their request row as its least recently
+seen ids (they stay until the request's own ids need the room). On CPU the gate branches on the
+host; on other devices every row computes the proxy and a ``where`` selects, so the step has
+static shapes and no host read (CUDA-graph capturable).
 """
 from __future__ import annotations
 
 import torch
 
 from trimpass import ops
+from trimpass.kernels.vocab_state import put, take
 
 __all__ = ["Proxy", "escape_step"]
 
@@ -99,15 +102,26 @@ def escape_step(state, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(sc.dtype),
                        "amin")  # only ids outside the active set compete
     top = sc.topk(s.escape_topk, dim=1).indices
-    exact = _exact(h, weight, bias, top, scale, softcap).to(out.dtype)
+    room = s.capacity - (count if rows is None else count[rows]).long()  # never evict, never
+    fits = torch.arange(top.shape[1], device=top.device) < room[:, None]  # exceed capacity
     pool = state.rows_of(B)
     pool = torch.arange(pool.start, pool.stop, device=idx.device) if isinstance(pool, slice) \
         else pool
     if host:
-        last[rows[:, None], top] = exact
-        state.admit(top, None, learn=False, rows=pool[rows])
-    else:  # every row computed; rows above the gate keep their values and re-admit an active id
-        keep = last.gather(1, top)
-        last.scatter_(1, top, torch.where(fire[:, None], exact, keep))
+        fire = torch.ones(len(rows), dtype=torch.bool, device=idx.device)
+        last, idx, pool = last[rows], idx[rows], pool[rows]
+    ok = fire[:, None] & fits
+    exact = _exact(h, weight, bias, top, scale, softcap).to(out.dtype)
+    new = torch.where(ok, exact, last.gather(1, top))
+    if host:
+        out.reshape(B, -1, V)[rows[:, None], -1, top] = new
+    else:
+        last.scatter_(1, top, new)
         state.fired.add_(fire.sum())
-        state.admit(torch.where(fire[:, None], top, idx[:, :1]), None, learn=False, rows=pool)
+    # ids that do not fit re-admit an id already active (a no-op but for its recency)
+    state.admit(torch.where(ok, top, idx[:, :1]), None, learn=False, rows=pool)
+    # escaped ids rank as least recently seen: the next ids a request receives evict them first
+    held = take(state.idx, pool)
+    hit = (held[:, :, None] == torch.where(ok, top, -1)[:, None, :]).any(-1)
+    hit[:, :state.n_core] = False
+    put(state.stamp, pool, take(state.stamp, pool).masked_fill(hit, 0))
