@@ -66,12 +66,11 @@ def confidence(last: torch.Tensor, idx: torch.Tensor, count: torch.Tensor) -> to
     return torch.exp(z.max(1).values - torch.logsumexp(z, 1))
 
 
-def _exact(h, weight, bias, ids, scale, softcap):
+def _exact(h, weight, bias, ids, scale, cap):
     z = torch.einsum("nd,nkd->nk", h.to(weight.dtype), weight[ids]).float()
     if bias is not None:
         z = z + bias[ids].float()
-    z = z * scale
-    return torch.tanh(z / softcap) * softcap if softcap else z
+    return ops.softcap(z * scale, cap, inplace=True)
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from trimpass.train import losses
+from trimpass.train.trainer import _draft_logits
 
 __all__ = ["paired_bootstrap", "expected_lengths", "per_prompt"]
 
@@ -36,13 +37,9 @@ def expected_lengths(drafter, cache, gamma: int = 4, temperature: float = 1.0,
     so this is a lower bound)."""
     n = len(cache.ids) if rows is None else min(rows, len(cache.ids))
     g, s = [], []
-    W = drafter.get_output_embeddings().weight
-    cap = getattr(drafter.config, "final_logit_softcapping", None)
     for i in range(n):
         ids = cache.ids[i:i + 1]
-        h = drafter.model(input_ids=ids).last_hidden_state
-        d = torch.nn.functional.linear(h, W).float()
-        d = torch.tanh(d / cap) * cap if cap else d
+        d = _draft_logits(drafter, ids, None).float()
         g.append(losses.expected_length(losses.greedy_acceptance(d, cache.greedy[i:i + 1]),
                                         gamma).mean())
         tgt = torch.full_like(d, -torch.inf).scatter_(-1, cache.topk_ids[i:i + 1].long(),
