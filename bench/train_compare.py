@@ -3,8 +3,10 @@
 For each ``--drafter NAME=WEIGHTS`` (``NAME=none``: the untrained truncation), on held-out ShareGPT:
 E[L] from the formulas (greedy and T=1, gamma tokens per window) over held-out text, the real greedy
 MAT in Hugging Face assisted generation with the real target (fixed gamma, trimmed zero-config
-unless ``--untrimmed``), lossless against the target alone, and the acceptance rate through HF's
-sampling path at T=1; paired bootstrap 95% intervals over prompts against the first drafter.
+unless ``--untrimmed``; ``--feedback K`` pairs the target with it, ``trimpass.pair``), lossless
+against the target alone (in bf16 the target verifies row-invariantly, ``trimpass.hf.exact``),
+and the acceptance rate through HF's sampling path at T=1; paired bootstrap 95% intervals over
+prompts against the first drafter.
 Writes a markdown table to stdout and ``--out`` (JSON).
 
     .venv/bin/python bench/train_compare.py --drafter kl=runs/kl/drafter.safetensors \\
@@ -33,6 +35,9 @@ def main(argv=None) -> int:
     p.add_argument("--heldout-tokens", type=int, default=8192, help="text for E[L]")
     p.add_argument("--untrimmed", action="store_true", help="run the drafters untrimmed")
     p.add_argument("--no-sampling", action="store_true", help="skip the T=1 runs")
+    p.add_argument("--feedback", type=int, default=0, metavar="K",
+                   help="pair the target with each trimmed drafter (trimpass.pair): its top-K "
+                   "at every position it computes join the drafter's row (default: off)")
     p.add_argument("--out", default="out/train_compare.json")
     a = p.parse_args(argv)
     pairs = [d.split("=", 1) for d in a.drafter]
@@ -44,7 +49,7 @@ def main(argv=None) -> int:
 
     import trimpass
     from trimpass import demo
-    from trimpass.hf import assisted
+    from trimpass.hf import assisted, exact
     from trimpass.hf import gemma as G
     from trimpass.train.cache import build_cache
     from trimpass.train.compare import expected_lengths, paired_bootstrap, per_prompt
@@ -56,6 +61,8 @@ def main(argv=None) -> int:
     prompts = demo._prompts(tok, a.prompts, a.prompt_tokens, model.config.vocab_size)
     text = heldout_sequences(tok, tokens=a.heldout_tokens, eos=G.END_TURN)
     cache = build_cache(model, text, model_key=f"gemma3-270m-q4_k_m/{a.dtype}/heldout", k=32)
+    if dtype == torch.bfloat16:  # verification bit for bit the target's own decoding
+        exact.use(model)
     _, refs = assisted.run(model, None, prompts, a.new_tokens, "target alone")
     rows = []
     for name, path in pairs:
@@ -66,14 +73,18 @@ def main(argv=None) -> int:
         g = draft.generation_config
         g.num_assistant_tokens, g.num_assistant_tokens_schedule = a.gamma, "constant"
         g.assistant_confidence_threshold = 0.0
+        tap = None
         if a.untrimmed:
             assisted.compile_drafter(draft, "aot_eager")
         else:
             trimpass.trim(draft, inner="aot_eager")
-        assisted.run(model, draft, prompts[:1], 4, "warm-up")
+            tap = trimpass.pair(model, draft, k=a.feedback) if a.feedback else None
+        demo._warm_up(model, draft, prompts)
         greedy, tot = per_prompt(model, draft, prompts, a.new_tokens, name, references=refs)
         samp = [] if a.no_sampling else per_prompt(model, draft, prompts, a.new_tokens, name,
                                                     temperature=1.0)[0]
+        if tap is not None:
+            tap.remove()
         rows.append(dict(name=name, weights=path, el_greedy=el["greedy"],
                          el_sampling=el["sampling"], mat=[m for m, _, _ in greedy],
                          accept_t1=[x for _, x, _ in samp], lossless=tot.lossless,
@@ -81,8 +92,10 @@ def main(argv=None) -> int:
         print(f"{name}: E[L] greedy {el['greedy']:.3f} T=1 {el['sampling']:.3f}; MAT "
               f"{sum(rows[-1]['mat']) / len(prompts):.3f}", file=sys.stderr)
     first = rows[0]
+    mode = "untrimmed" if a.untrimmed else "trimmed zero-config" + (
+        f" + target feedback k={a.feedback}" if a.feedback else "")
     print(f"\n{len(prompts)} held-out prompts x {a.new_tokens} tokens, gamma={a.gamma}, {a.dtype}, "
-          f"{'untrimmed' if a.untrimmed else 'trimmed zero-config'}; E[L] over "
+          f"{mode}; E[L] over "
           f"{cache.ids.numel():,} held-out tokens; [95% paired bootstrap CI vs {first['name']}]")
     print("\n| drafter | E[L] greedy | E[L] T=1 | greedy MAT | Δ MAT | acceptance T=1 | "
           "Δ acceptance | lossless | draft ms/call |")

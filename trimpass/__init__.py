@@ -18,7 +18,7 @@ from trimpass.backend import TrimBackend, TrimpassWarning, backend_for, dynamo_e
 from trimpass.config import TrimConfig, TrimpassError
 
 __all__ = ["backend", "trim", "TrimConfig", "TrimpassError", "TrimpassWarning", "explain",
-           "reset", "stats", "observe", "active_ids", "active_state", "ops"]
+           "reset", "stats", "observe", "pair", "active_ids", "active_state", "ops"]
 
 
 def backend(**config) -> TrimBackend:
@@ -133,6 +133,17 @@ def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
     """Opt-in: admit the target's top-``k`` predictions (logits ``[B, ..., V]`` or ids
     ``[B, ...]``)."""
     _state(draft, "observe").observe(target_logits_or_ids, k)
+
+
+def pair(target: torch.nn.Module, draft, k: int = 3):
+    """Opt-in target feedback: after each pass of ``target`` (prompt, verification), its top-``k``
+    ids at every position join ``draft``'s request rows; no loop change, the target untouched.
+    Returns a handle: ``.remove()`` unpairs. See :mod:`trimpass.feedback`."""
+    from trimpass import feedback
+    if not _backend_of(draft).config.dynamic:
+        raise TrimpassError("pair: draft has a static vocabulary, with no request rows to "
+                            "feed; trim it in the dynamic mode (the default)")
+    return feedback.pair(target, draft, k, state=active_state)
 
 
 def active_ids(draft) -> torch.Tensor:

@@ -19,6 +19,7 @@ from functools import lru_cache
 import torch
 
 from trimpass.cache import cache_dir
+from trimpass.hf import exact
 
 GGUF_NAME = "gemma3-270m-q4_k_m.gguf"
 SPACE = "\u2581"
@@ -49,13 +50,16 @@ def load_model(dtype: torch.dtype = torch.float32):
 
 
 def truncated(model, layers: int):
-    """A copy of ``model`` keeping its first ``layers`` decoder layers (embedding, head shared)."""
+    """A copy of ``model`` keeping its first ``layers`` decoder layers (embedding, head shared),
+    with ``sdpa`` attention where ``model`` verifies row-invariantly (:mod:`trimpass.hf.exact`)."""
     inner = copy.copy(model.model)
     inner._modules = dict(model.model._modules)  # copy.copy shares it: never edit the original's
     inner.layers = torch.nn.ModuleList(list(model.model.layers)[:layers])
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
     config.layer_types = list(model.config.layer_types)[:layers]
+    if config._attn_implementation == exact.NAME:  # a drafter needs no row-invariant verification
+        config._attn_implementation = "sdpa"
     inner.config = config
     draft = copy.copy(model)
     draft._modules = dict(model._modules)
