@@ -6,7 +6,9 @@ learned core, one state for the whole run, a new request per prompt) is replayed
 path through the real ops (``trimpass::admit``, ``active``, ``head_full`` /
 ``head_full_escape``). At each step the trimmed argmax is compared with the full head's: greedy
 agreement. Variants: static top-K lists (K most frequent ids of the train split), context +
-learned core, and + escape path (proxy rank x ids per firing x gate).
+learned core, + escape path (proxy rank x ids per firing x gate), and with ``--feedback K`` target
+feedback (the full head's top-K admitted ``--lag`` steps late, as ``trimpass.pair`` delivers it
+after a verification; no prompt positions, so a lower bound).
 Cost columns: head rows read per step (active ids, plus escape ids on
 the steps that fire), the proxy's bytes per step amortized (in fp32 head-row equivalents), and the
 measured CPU ms of the head op per step. Writes a table and ``--out`` (PNG: agreement against
@@ -24,8 +26,10 @@ import time
 import torch
 
 
-def _replay(hs, tokens, prompts, V, W, **cfg):
-    """Agreement and cost of one configuration along the recorded path."""
+def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
+    """Agreement and cost of one configuration along the recorded path; ``feedback`` > 0 adds the
+    full head's top-``feedback`` at step t - ``lag`` into the row after step t (target feedback,
+    ``trimpass.pair``, as it arrives when a verification of ``lag`` drafts ends)."""
     from trimpass.config import TrimConfig
     from trimpass.state import ActiveState
     st = ActiveState(TrimConfig(**cfg).settings)
@@ -53,6 +57,8 @@ def _replay(hs, tokens, prompts, V, W, **cfg):
             agree += int(out[0, -1].argmax()) == toks[t]
             steps += 1
             torch.ops.trimpass.admit(st.token, torch.tensor([[toks[t]]]), None, st.serial)
+            if feedback and t >= lag:
+                st.observe((h[t - lag] @ W.T).view(1, 1, -1), feedback)
     fire = int(st.fired) / steps if esc else 0.0
     return dict(agree=agree / steps, rows=rows / steps, fire=fire, ms=1e3 * secs / steps,
                 proxy_rows=fire * V * cfg.get("escape_rank", 0) / W.shape[1] / 2)
@@ -74,6 +80,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--out", default="out/escape_frontier.png")
+    ap.add_argument("--feedback", type=int, default=0, metavar="K",
+                    help="also replay target feedback (top-K, arriving --lag steps late) on the "
+                    "zero-config set and the default escape path")
+    ap.add_argument("--lag", type=int, default=4, help="steps before feedback arrives (gamma)")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="skip the static lists and the escape sweep (the default escape only)")
     a = ap.parse_args(argv)
     import transformers
 
@@ -109,15 +121,21 @@ def main(argv=None) -> int:
         if k >= 3000:
             break
     rows = []
-    for K in (3000, 8000, 16000):
+    for K in () if a.no_sweep else (3000, 8000, 16000):
         rows.append((f"static top-{K}", _static(hs, tokens, counts.topk(K).indices, W)))
     base = dict(capacity=4096, learn_core=1024, max_rows=1)
-    variants = [("context + learned core", {})]
-    for r in (16, 64, 128):
-        for k in (64, 256):
-            for gate in (0.5, 0.7, 0.9):
+    default = dict(escape_rank=16, escape_topk=64, escape_gate=0.5)
+    variants = [("context + learned core", {"escape_rank": 0})]
+    for r in (16,) if a.no_sweep else (16, 64, 128):
+        for k in (64,) if a.no_sweep else (64, 256):
+            for gate in (0.5,) if a.no_sweep else (0.5, 0.7, 0.9):
                 variants.append((f"+ escape r{r} k{k} gate {gate}",
                                  dict(escape_rank=r, escape_topk=k, escape_gate=gate)))
+    if a.feedback:
+        fb = dict(feedback=a.feedback, lag=a.lag)
+        variants += [(f"context + learned core + feedback k{a.feedback}",
+                      {"escape_rank": 0, **fb}),
+                     (f"+ escape r16 k64 gate 0.5 + feedback k{a.feedback}", {**default, **fb})]
     for label, cfg in progress(variants, desc="replaying variants"):
         rows.append((label, _replay(hs, tokens, prompts, V, W, **base, **cfg)))
     print("\n| variant | greedy agreement | head rows / step | escape fires | proxy (row-eq.) "
