@@ -7,10 +7,10 @@ configuration: the dynamic vocabulary with its learned core; and the context alo
 learned core), in bf16 by default (``--dtype``), where the target verifies row-invariantly
 (:mod:`trimpass.hf.exact`) so the output is bit for bit its own decoding's.
 ``generate`` is called as a user would, on ShareGPT prompts. Printed: draft ms per call, a
-per-round breakdown (draft ms + verify ms -> MAT), acceptance, tokens/s, speedups over the target
-alone timed right after each drafter, lossless ✓/✗, which model ran; a PNG plots draft time and
-MAT against the active vocabulary size. If the model package is missing, a small random-weight
-Gemma-3 stands in, and the table says so.
+per-round breakdown (draft ms + verify ms -> MAT), acceptance, tokens/s, speedups over the plain
+target alone (run in turn with each drafter, prompt by prompt), lossless ✓/✗, which model ran; a
+PNG plots draft time and MAT against the active vocabulary size. If the model package is missing,
+a small random-weight Gemma-3 stands in, and the table says so.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import trimpass
 from trimpass import measure
 from trimpass.hf import assisted, exact
 from trimpass.hf import gemma as G
+from trimpass.loops.stats import LoopStats
 from trimpass.testing.checks import head_ops
 
 
@@ -90,6 +91,17 @@ def _warm_up(model, draft, prompts, tries: int = 4) -> None:
         assisted.run(model, draft, prompts, 8, "warm-up")
         if _compiled_graphs() == before:
             return
+
+
+def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track):
+    """The plain target alone and the drafter on each prompt in turn, so that the machine's load
+    drifts alike for both; returns (the drafter's stats, the plain target's)."""
+    st, alone = LoopStats(label), LoopStats("target alone, beside")
+    for k, p in enumerate(prompts):
+        alone.merge(assisted.run(plain, None, [p], max_new, alone.name)[0])
+        st.merge(assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
+                              on_draft_call=track)[0])
+    return st, alone
 
 
 def _compiled_graphs() -> int:
@@ -196,13 +208,12 @@ def main(args) -> int:
             track = functools.partial(_track_active, draft, act)
         _warm_up(model, draft, prompts)
         before, graphs = head_ops(), _compiled_graphs()
-        st, _ = assisted.run(model, draft, prompts, args.new_tokens, label, refs,
-                             on_draft_call=track)
+        st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs,
+                                   track)
         head_runs, recompiles = head_ops() - before, _compiled_graphs() - graphs
         active = statistics.mean(act) if act else V
         state_ms = _state_ms(draft, device) if cfg is not None else None
         state = None if state_ms is None else state_ms / st.draft_ms
-        beside, _ = assisted.run(plain, None, prompts, args.new_tokens, "target alone, beside")
         rounds = max(st.rounds, 1)
         rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
                          draft_round=1e3 * st.draft_s / rounds,
@@ -243,8 +254,8 @@ def main(args) -> int:
     print("trimmed head ops / draft calls: " + "; ".join(
         f"{r['name']} {r['head_runs']}/{r['draft_calls']}{'' if ok else ' ✗'}"
         for r, ok in zip(rows, ran, strict=True)))
-    print("speedup: each drafter's tokens/s over the target alone's, timed right after it on the "
-          "same prompts (the machine's load drifts; the target-alone row is the mean of its runs)")
+    print("speedup: each drafter's tokens/s over the plain target alone's, the two run in turn on "
+          "each prompt (the machine's load drifts; the target-alone row is the mean of its runs)")
     late = [f"{r['name']} {r['recompiles']}" for r in rows if r["recompiles"]]
     print("graphs compiled during the timed runs: " + ("; ".join(late) if late else "none"))
     if plain is not model:

@@ -29,7 +29,9 @@ def run(target, draft, prompts, max_new: int, name: str, references=None,
         on_draft_call=None, temperature: float = 0.0, seed: int = 0) -> tuple[LoopStats, list]:
     """Greedy ``target.generate`` over ``prompts`` (lists of ids), assisted by ``draft`` if given;
     with ``temperature`` > 0, HF's sampling path (speculative sampling when assisted), seeded by
-    ``seed`` + the prompt's index.
+    ``seed`` + the prompt's index. Called as a user calls it: a reply may end at an end-of-turn
+    token before ``max_new`` (HF's ``min_new_tokens`` would cost each call a pass over the whole
+    vocabulary, more often assisted than alone, so it is not passed).
 
     Each drafter call drafts one token, and each verification emits the target's own token after
     the accepted ones, so ``drafted`` is the number of drafter calls and ``accepted`` the tokens
@@ -54,8 +56,7 @@ def run(target, draft, prompts, max_new: int, name: str, references=None,
                     torch.manual_seed(seed + k)
                     kw.update(temperature=temperature, top_k=None, top_p=None)
                 t0 = time.perf_counter()
-                out = target.generate(ids, do_sample=temperature > 0, max_new_tokens=max_new,
-                                      min_new_tokens=max_new, **kw)
+                out = target.generate(ids, do_sample=temperature > 0, max_new_tokens=max_new, **kw)
                 st.seconds += time.perf_counter() - t0
                 st.emitted += out.shape[1] - ids.shape[1]
                 outs.append(out)

@@ -24,6 +24,15 @@ class LoopStats:
     target_ms_each: list = field(default_factory=list)  # wall ms of every timed target pass
     per_round: list = field(default_factory=list)  # tokens emitted per verification
 
+    def merge(self, other: LoopStats) -> LoopStats:
+        """Add ``other``'s counts, time and per-call records to this one (more prompts)."""
+        for f in ("rounds", "drafted", "accepted", "emitted", "seconds"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.lossless = self.lossless and other.lossless
+        for f in ("draft_ms_each", "target_ms_each", "per_round"):
+            getattr(self, f).extend(getattr(other, f))
+        return self
+
     @property
     def draft_calls(self) -> int:
         return len(self.draft_ms_each)
