@@ -67,6 +67,12 @@ def confidence(last: torch.Tensor, idx: torch.Tensor, count: torch.Tensor) -> to
     return torch.exp(z.max(1).values - torch.logsumexp(z, 1))
 
 
+def _host_confidence(last: torch.Tensor, ids: torch.Tensor) -> float:
+    """:func:`confidence` of one row over its ``n`` active ids ``ids[n]`` (n > 0), on the host."""
+    z = last[ids].float()
+    return float(torch.exp(z.max() - torch.logsumexp(z, 0)))
+
+
 def _exact(h, weight, bias, ids, scale, cap):
     z = torch.einsum("nd,nkd->nk", h.to(weight.dtype), weight[ids]).float()
     if bias is not None:
@@ -80,23 +86,33 @@ def escape_step(state, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                 softcap: float = 0.0) -> None:
     """Run the escape path for the last position of each of ``out``'s batch rows, in place:
     ``out[B, ..., V]`` the trimmed head's full logits, ``x`` its input, ``idx[B, CAP]`` /
-    ``count[B]`` the active ids it read; admitted ids go into ``state``'s rows."""
+    ``count[B]`` the active ids it read; admitted ids go into ``state``'s rows. On CPU the small
+    ops run on one thread, the proxy's V-wide product on all."""
+    host = out.is_cpu and not ops._use_triton(out)  # the CPU path may read on the host
+    n = torch.get_num_threads()
+    with ops.threads(1 if host else n):
+        _escape(state, out, x, weight, bias, idx, count, scale, softcap, host, n)
+
+
+def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
+            threads: int) -> None:
     s, proxy = state.settings, state.proxy.of(weight)  # built (and checked) on the first step
     B, V = idx.shape[0], out.shape[-1]
     last = out.reshape(B, -1, V)[:, -1]
     h = x.reshape(B, -1, x.shape[-1])[:, -1]
-    conf = confidence(last, idx, count)
-    fire = conf < s.escape_gate
-    host = out.is_cpu and not ops._use_triton(out)  # the CPU path may read on the host
-    if host:
-        rows = fire.nonzero().flatten()
-        state.fired.add_(rows.numel())
+    if host:  # the counts are free to read: each row's own ids, few ops
+        fire = [b for b, n in enumerate(count.tolist())
+                if n > 0 and _host_confidence(last[b], idx[b, :n]) < s.escape_gate]
+        rows = torch.tensor(fire, dtype=torch.long, device=idx.device)
+        state.fired.add_(len(fire))
         if not rows.numel():
             return
         h, idx_f = h[rows], idx[rows]
     else:
+        fire = confidence(last, idx, count) < s.escape_gate
         rows, idx_f = None, idx
-    sc = proxy.scores(h).float()  # [N, V]
+    with ops.threads(threads):
+        sc = proxy.scores(h).float()  # [N, V]
     valid = torch.arange(idx_f.shape[1], device=idx.device) < (count if rows is None
                                                                 else count[rows])[:, None]
     sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(sc.dtype),

@@ -101,20 +101,30 @@ def softcap(z: torch.Tensor, cap: float, inplace: bool = False) -> torch.Tensor:
     return torch.tanh(z / cap) * cap
 
 
-def filled(shape, fill: float, like: torch.Tensor) -> torch.Tensor:
-    """A new tensor of ``shape`` holding ``fill``, with ``like``'s dtype and device."""
-    out = torch.empty(shape, dtype=like.dtype, device=like.device)
-    threads = torch.get_num_threads()
-    if out.device.type != "cpu" or threads == 1 or not torch._C.has_openmp:
-        return out.fill_(fill)
-    # One thread on purpose: a V-sized row is too little work to share, and on a busy 2-core CPU
-    # OpenMP's parallel fill waits for a descheduled worker (measured: up to 8 ms a call, against
-    # 14 us on one thread; numpy's fill takes 25 us). The count is restored at once.
-    torch.set_num_threads(1)
+@contextlib.contextmanager
+def threads(n: int):
+    """Run the block with ``n`` torch threads (CPU), then restore the count. Small CPU ops run on
+    one thread on purpose: on a busy 2-core CPU an OpenMP region waits for a descheduled worker
+    (measured: a V-sized fill took up to 8 ms, against 14 us on one thread)."""
+    before = torch.get_num_threads()
+    if n == before or not torch._C.has_openmp:
+        yield
+        return
+    torch.set_num_threads(n)
     try:
-        return out.fill_(fill)
+        yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+
+
+def filled(shape, fill: float, like: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``shape`` holding ``fill``, with ``like``'s dtype and device (on CPU, on one
+    thread: a V-sized row is too little work to share)."""
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    if out.device.type != "cpu":
+        return out.fill_(fill)
+    with threads(1):
+        return out.fill_(fill)
 
 
 def _host_counts(cnt: torch.Tensor, cap: int) -> list[int]:

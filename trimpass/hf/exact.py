@@ -23,6 +23,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from trimpass.ops import threads
+
 NAME = "trimpass_exact"
 
 
@@ -69,9 +71,7 @@ def _rowwise_attention(query, key, value, attention_mask, scaling):
     Hkv, N = key.shape[1], key.shape[2]
     scale = D ** -0.5 if scaling is None else scaling
     out = query.new_zeros(B, M, H, D)  # a padded query row (no visible key) stays 0, never read
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # these ops are tiny: waking a second thread costs more than each op
-    try:
+    with threads(1):  # these ops are tiny: waking a second thread costs more than each op
         for b in range(B):
             for i, (s, e) in enumerate(_ranges(attention_mask, b, M, N)):
                 if e > s:  # the heads sharing a KV head are this row's queries, all see [s, e)
@@ -79,8 +79,6 @@ def _rowwise_attention(query, key, value, attention_mask, scaling):
                     o = F.scaled_dot_product_attention(q, key[b:b + 1, :, s:e],
                                                        value[b:b + 1, :, s:e], scale=scale)
                     out[b, i] = o.reshape(H, D)
-    finally:
-        torch.set_num_threads(threads)
     return out
 
 
