@@ -93,3 +93,33 @@ def test_bad_input():
     hf_draft = trimpass.trim(LlamaForCausalLM(LlamaConfig(**CFG)).eval(), inner="aot_eager")
     with pytest.raises(TrimpassError, match=r"vocabulary \(256\) differs from the drafter's"):
         trimpass.pair(other, hf_draft)
+
+
+class _Logits(torch.nn.Module):
+    """A target with no output embeddings: pair() cannot check its width before it runs."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def forward(self, ids):
+        return self.out
+
+
+def test_a_target_whose_output_does_not_fit_fails_at_its_first_pass():
+    torch._dynamo.reset()
+    c = trimpass.trim(_drafter(2), inner="aot_eager")
+    ids = torch.randint(0, V, (1, 4))
+    with torch.no_grad():
+        c(ids, torch.arange(4))  # the drafter's state exists: the tap reads the target's output
+        before = _active(c)
+        narrow = _Logits(torch.randn(1, 4, V // 2))
+        trimpass.pair(narrow, c)
+        with pytest.raises(TrimpassError, match=rf"logits have {V // 2:,} columns, the drafter's "
+                                                rf"vocabulary {V:,}"):
+            narrow(ids)
+        ints = _Logits(torch.zeros(1, 4, V, dtype=torch.long))
+        trimpass.pair(ints, c)
+        with pytest.raises(TrimpassError, match=r"output has no logits \[B, \.\.\., V\]"):
+            ints(ids)
+    assert _active(c) == before  # nothing admitted from either

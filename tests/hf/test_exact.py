@@ -97,3 +97,19 @@ def test_bad_input():
     gap[0, 2] = float("-inf")  # visible keys 0-1 and 3-5: not one range
     with pytest.raises(ValueError, match="not one contiguous range"):
         exact._visible(gap, 1, 6)
+
+
+def test_softcapping_and_dropout_are_refused_while_the_model_runs():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    capped = Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, attn_logit_softcapping=50.0,
+    )).to(torch.bfloat16).eval()
+    dropped = Gemma3ForCausalLM(Gemma3TextConfig(**{**CFG, "num_hidden_layers": 1,
+                                                    "attention_dropout": 0.1}))
+    dropped = dropped.to(torch.bfloat16).train()
+    for model in (capped, dropped):
+        exact.use(model)
+        with pytest.raises(ValueError, match="softcapping and dropout are not supported"):
+            model(torch.randint(3, 256, (1, 5)))
+        assert not exact._Running.on  # the failed pass left the flag as it found it
