@@ -19,9 +19,10 @@ KEEP = list(range(512))  # a fixed core, no learning: a row's ids are the core a
 SETTINGS = {"check": True, "learn_core": 0, "keep": KEEP, "capacity": 1024}
 
 
-def _run(model_dir, mode):
+def _run(model_dir, mode, **extra_env):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.pop("TRIMPASS_DISABLE", None)
+    env.update(extra_env)
     p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_run.py"), model_dir, mode,
                         json.dumps(SETTINGS)], capture_output=True, text=True, env=env,
                        timeout=600)
@@ -54,6 +55,18 @@ def test_trimmed_op_ran_on_every_draft_step_and_is_exact(runs):
     assert s["max_abs_err"] < 1e-3
     assert len(KEEP) <= s["mean_active"] < 1024
     assert "stats" in runs["plain"] and runs["plain"]["stats"]["workers"] == 0
+
+
+def test_tensor_parallel_2_is_lossless_and_each_shard_trims_its_own_ids(runs, tmp_path):
+    """vLLM shards the drafter's head by vocabulary over 2 CPU workers (threads bound by hand:
+    one NUMA node here); each shard's trimmed op computes only the active ids in its slice."""
+    tp = _run(str(tmp_path / "gemma3"), "trim-tp2", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    assert tp["solo"] == runs["none"]["solo"] and tp["together"] == runs["none"]["together"]
+    s, one = tp["stats"], runs["trim"]["stats"]
+    assert s["workers"] == 2 and s["steps"] > 0
+    assert s["calls"] == 3 * s["steps"] and s["fallbacks"] == 0
+    assert s["checked"] == s["calls"] and s["violations"] == 0 and s["max_abs_err"] < 1e-3
+    assert s["mean_union"] < 0.75 * one["mean_union"]  # a shard holds about half the ids
 
 
 def test_rows_are_isolated_between_requests(runs):

@@ -3,7 +3,9 @@
 Run as a script by tests/serving/test_vllm.py in a subprocess (vLLM spawns processes, so its
 engines want a ``__main__`` guard, and each engine gets a fresh process):
 ``python vllm_run.py MODEL_DIR MODE SETTINGS_JSON``, MODE one of ``none`` (no speculation),
-``plain`` (the model as its own drafter, untrimmed) and ``trim``. Greedy, fp32; every prompt is
+``plain`` (the model as its own drafter, untrimmed), ``trim`` and ``trim-tp2`` (trimmed, the
+engine sharded over 2 tensor-parallel workers; on a one-NUMA-node CPU vLLM wants
+``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``). Greedy, fp32; every prompt is
 generated alone (concurrency 1), then all of them at once (concurrency ``len(prompts)``).
 """
 from __future__ import annotations
@@ -76,6 +78,9 @@ def main() -> None:
     kw = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=256,
               gpu_memory_utilization=0.2, enforce_eager=True, max_num_seqs=8,
               disable_log_stats=False)
+    if mode.endswith("-tp2"):
+        mode = mode.removesuffix("-tp2")
+        kw.update(tensor_parallel_size=2, distributed_executor_backend="mp")
     if mode == "none":
         args = {"model": d}
     else:
