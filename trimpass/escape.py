@@ -67,12 +67,6 @@ def confidence(last: torch.Tensor, idx: torch.Tensor, count: torch.Tensor) -> to
     return torch.exp(z.max(1).values - torch.logsumexp(z, 1))
 
 
-def _host_confidence(last: torch.Tensor, ids: torch.Tensor) -> float:
-    """:func:`confidence` of one row over its ``n`` active ids ``ids[n]`` (n > 0), on the host."""
-    z = last[ids].float()
-    return float(torch.exp(z.max() - torch.logsumexp(z, 0)))
-
-
 def _exact(h, weight, bias, ids, scale, cap):
     z = torch.einsum("nd,nkd->nk", h.to(weight.dtype), weight[ids]).float()
     if bias is not None:
@@ -100,16 +94,14 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
     B, V = idx.shape[0], out.shape[-1]
     last = out.reshape(B, -1, V)[:, -1]
     h = x.reshape(B, -1, x.shape[-1])[:, -1]
-    if host:  # the counts are free to read: each row's own ids, few ops
-        fire = [b for b, n in enumerate(count.tolist())
-                if n > 0 and _host_confidence(last[b], idx[b, :n]) < s.escape_gate]
-        rows = torch.tensor(fire, dtype=torch.long, device=idx.device)
-        state.fired.add_(len(fire))
+    fire = confidence(last, idx, count) < s.escape_gate
+    if host:
+        rows = fire.nonzero().flatten()
+        state.fired.add_(rows.numel())
         if not rows.numel():
             return
         h, idx_f = h[rows], idx[rows]
     else:
-        fire = confidence(last, idx, count) < s.escape_gate
         rows, idx_f = None, idx
     with ops.threads(threads):
         sc = proxy.scores(h).float()  # [N, V]
