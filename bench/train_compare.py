@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         else:
             trimpass.trim(draft, inner="aot_eager")
             tap = trimpass.pair(model, draft, k=a.feedback) if a.feedback else None
-        demo._warm_up(model, draft, prompts)
+        assisted.warm_up(model, draft, prompts)
         greedy, tot = per_prompt(model, draft, prompts, a.new_tokens, name, references=refs)
         samp = [] if a.no_sampling else per_prompt(model, draft, prompts, a.new_tokens, name,
                                                     temperature=1.0)[0]

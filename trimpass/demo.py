@@ -82,17 +82,6 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return out
 
 
-def _warm_up(model, draft, prompts, tries: int = 4) -> None:
-    """Compile outside the timing: generate a few tokens from every prompt until a pass compiles
-    no new graph (Dynamo recompiles as lengths turn dynamic and as the state of HF's cache
-    differs between calls), at most ``tries`` passes."""
-    for _ in range(tries):
-        before = _compiled_graphs()
-        assisted.run(model, draft, prompts, 8, "warm-up")
-        if _compiled_graphs() == before:
-            return
-
-
 def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track):
     """The plain target alone and the drafter on each prompt in turn, so that the machine's load
     drifts alike for both; returns (the drafter's stats, the plain target's)."""
@@ -102,10 +91,6 @@ def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track):
         st.merge(assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
                               on_draft_call=track)[0])
     return st, alone
-
-
-def _compiled_graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def _state_ms(draft, device, reps: int = 256) -> float | None:
@@ -206,11 +191,11 @@ def main(args) -> int:
         else:
             trimpass.trim(draft, inner=args.inner, **cfg)
             track = functools.partial(_track_active, draft, act)
-        _warm_up(model, draft, prompts)
-        before, graphs = head_ops(), _compiled_graphs()
+        assisted.warm_up(model, draft, prompts)
+        before, graphs = head_ops(), assisted.compiled_graphs()
         st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs,
                                    track)
-        head_runs, recompiles = head_ops() - before, _compiled_graphs() - graphs
+        head_runs, recompiles = head_ops() - before, assisted.compiled_graphs() - graphs
         active = statistics.mean(act) if act else V
         state_ms = _state_ms(draft, device) if cfg is not None else None
         state = None if state_ms is None else state_ms / st.draft_ms

@@ -5,7 +5,7 @@ The drafter's calls are timed by :func:`trimpass.measure.time_calls` (a wrapper 
 the target's verification passes are counted with a forward hook; ``generate`` itself is called
 exactly as a user would. From these: draft ms per call, mean tokens emitted per verification
 (MAT), acceptance rate, tokens/s, and whether the output equals the target's own greedy output
-(lossless).
+(lossless). :func:`warm_up` compiles the drafter outside the timing.
 """
 from __future__ import annotations
 
@@ -67,3 +67,19 @@ def run(target, draft, prompts, max_new: int, name: str, references=None,
     st.drafted = st.draft_calls
     st.accepted = st.emitted - st.rounds
     return st, outs
+
+
+def warm_up(model, draft, prompts, tries: int = 4) -> None:
+    """Compile outside the timing: generate a few tokens from every prompt until a pass compiles
+    no new graph (Dynamo recompiles as lengths turn dynamic and as the state of HF's cache
+    differs between calls), at most ``tries`` passes."""
+    for _ in range(tries):
+        before = compiled_graphs()
+        run(model, draft, prompts, 8, "warm-up")
+        if compiled_graphs() == before:
+            return
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
