@@ -41,7 +41,7 @@ def prepare(a) -> None:
     for d in read("sharegpt"):
         if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000:
             out.append(tok.chat(d.prompt, 128))
-        if len(out) == 16:
+        if len(out) == a.prompts:
             break
     with open(os.path.join(a.dir, "prompts.json"), "w") as f:
         json.dump(out, f)
@@ -99,6 +99,7 @@ def main() -> None:
                    help="'shipped', a safetensors file from `trimpass train`, or 'none'")
     p.add_argument("--config", choices=CONFIGS, help="serve one configuration (internal)")
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--prompts", type=int, default=16, help="held-out prompts --prepare writes")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
     p.add_argument("--memory", type=float, default=0.3,

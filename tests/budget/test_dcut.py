@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from trimpass.budget import dcut, draft_more
+from trimpass.budget import dcut, draft_more, next_step_pays
 
 
 def py_scores(conf):
@@ -186,3 +186,35 @@ def test_bad_input():
         draft_more(ok, cost, 0.1, gamma_max=2)
     with pytest.raises(ValueError, match="draft_time_per_step"):
         draft_more(ok, cost, float("nan"), gamma_max=4)
+
+
+def _brute_best_rate(scores, cost, B, dt):
+    """max over every K of (B + sum of the K highest of ``scores``) / (dt + cost(B, B + K))."""
+    top = sorted(scores, reverse=True)
+    return max((B + sum(top[:K])) / (dt + cost(B, B + K)) for K in range(len(top) + 1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_next_step_pays_matches_brute_force(seed):
+    rng = random.Random(seed)
+    B, d = rng.randint(1, 4), rng.randint(1, 3)
+    conf = [[rng.random() for _ in range(d)] for _ in range(B)]
+    a, b = rng.uniform(0.005, 0.02), rng.uniform(0.0, 0.01)
+    cost = lambda _b, t: a + b * t  # noqa: E731
+    dt, step = rng.uniform(0.0, 0.02), rng.uniform(0.0, 0.02)
+    S = py_scores(conf)
+    now = _brute_best_rate([x for r in S for x in r], cost, B, dt)
+    guess = [r + [r[-1] * c[-1]] for r, c in zip(S, conf, strict=True)]
+    later = _brute_best_rate([x for r in guess for x in r], cost, B, dt + step)
+    assert next_step_pays(torch.tensor(conf, dtype=torch.float64), cost, dt, step) == (later > now)
+
+
+def test_next_step_pays_only_when_drafting_is_cheap_against_its_gain():
+    conf = torch.full((2, 2), 0.9, dtype=torch.float64)
+    cheap = lambda b, t: 0.01 + 0.0001 * t  # noqa: E731
+    assert next_step_pays(conf, cheap, draft_time=0.002, step_time=0.0001)
+    assert not next_step_pays(conf, cheap, draft_time=0.002, step_time=0.05)
+    assert not next_step_pays(torch.zeros(2, 2), cheap, 0.002, 0.0)  # nothing left to gain
+    assert next_step_pays(torch.zeros(2, 0), cheap, 0.0, 1.0)  # nothing drafted yet
+    with pytest.raises(ValueError, match="step_time: must be finite and >= 0"):
+        next_step_pays(conf, cheap, 0.0, -1.0)

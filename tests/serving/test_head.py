@@ -85,3 +85,19 @@ def test_one_bounded_copy_per_head_as_the_union_grows():
         assert torch.isfinite(out).sum() == n
         seen.append([k[6] for k in compact._cache])  # the CAP of every cached copy
     assert seen == [[256], [512], [512], [1024], [1024]]  # one copy, grown, never shrunk
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_top_prob_is_each_rows_softmax_maximum(dtype, tol):
+    V, d, B = 997, 24, 5
+    g = torch.Generator().manual_seed(11)
+    x, W = torch.randn(B, d, generator=g).to(dtype), torch.randn(V, d, generator=g).to(dtype)
+    idx, count = _rows(V, B, 48, seed=3)
+    count[2] = 0  # a row with no active ids: no maximum, 0
+    out, _, top = head.trimmed_logits(x, W, idx, count, scale=0.7, with_top=True)
+    ref = _reference(x.float(), W.float(), idx, count) * 0.7
+    want = torch.softmax(ref, dim=-1).max(dim=-1).values.nan_to_num(0.0)
+    assert want[2] == 0 and (want[[0, 1, 3, 4]] > 0).all()
+    torch.testing.assert_close(top, want, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.float()[torch.isfinite(ref)], ref[torch.isfinite(ref)],
+                               atol=5e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2)

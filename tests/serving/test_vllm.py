@@ -138,3 +138,39 @@ def test_with_temperature_the_emitted_distribution_is_the_targets(tmp_path):
     counts = torch.bincount(torch.tensor([pair[1] for pair in r["pairs"]]), minlength=V).double()
     assert _chi2_p(counts, (p1 @ q2).double()) < 1e-6  # the negative control rejects
     assert _chi2_p(counts, (p1 @ p2).double()) > 1e-3
+
+
+# verification costs 2 ms a drafted token, flat in batch: some drafted tokens pay, others not
+DCUT_TABLE = {"batches": [1, 8], "drafts": [0, 32],
+              "seconds": [[0.011, 0.011 + 0.00002 * 32], [0.018, 0.018 + 0.00002 * 32]]}
+
+
+@pytest.fixture(scope="module")
+def dcut_run(runs, tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny_dcut") / "gemma3")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
+                                                            "TRIMPASS_DISABLE")}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_run.py"), d, "dcut",
+                        json.dumps({"policy": "dcut", "table": DCUT_TABLE})],
+                       capture_output=True, text=True, env=env, timeout=600)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_dcut_in_vllm_is_lossless_and_verifies_per_request_prefixes(runs, dcut_run):
+    for name in ("dcut", "fixed"):
+        r = dcut_run[name]
+        assert r["together"] == runs["none"]["together"], name
+        assert r["fallbacks"] == 0 and r["calls"] > 0
+        b = r["budget"]
+        # what the runner was asked to verify is what vLLM counted as verified drafts
+        assert b["verified"] == r["verified_drafts"] > 0, name
+    dc = dcut_run["dcut"]["budget"]
+    assert dc["policy"] == "dcut"
+    assert dc["verified_mixed"] > 0  # one step verified drafts of different lengths
+    assert dc["stopped_early"] > 0  # drafting ended before gamma_max when nothing more could pay
+    assert int(min(dc["kept"], key=int)) < int(max(dc["kept"], key=int))  # K varies by step
+    fx = dcut_run["fixed"]["budget"]
+    assert fx["policy"] == "fixed" and fx["gamma"] == 1
+    assert fx["verified_max"] == 1 and set(fx["depth"]) == {"1"}  # switched live: 1 token drafted

@@ -65,3 +65,44 @@ def test_a_hybrid_attention_target_gets_one_kv_cache_group(tmp_path, any_vllm):
     hybrid = _ckpt(tmp_path / "h", 100, layer_types=["sliding_attention", "full_attention"])
     assert "disable_hybrid_kv_cache_manager" not in tv.engine_args(plain, d)
     assert tv.engine_args(hybrid, d)["disable_hybrid_kv_cache_manager"] is True
+
+
+def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkeypatch):
+    monkeypatch.delenv("TRIMPASS_DISABLE", raising=False)
+    monkeypatch.delenv(tv.ENV, raising=False)
+    t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
+    tv.engine_args(t, d, 8, budget="dcut", learn_core=8)
+    assert tv.resolve_budget(d) == {"policy": "dcut", "measure_s": 10.0}
+    assert tv.resolve(d) == {"learn_core": 8}  # the budget is not a trim setting
+    tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3})
+    assert tv.resolve(d) is None
+    assert tv.resolve_budget(d) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0}
+    tv.engine_args(t, d, 8)
+    assert tv.resolve_budget(d) is None
+    tv.engine_args(t, d, 8, budget="dcut")
+    monkeypatch.setenv("TRIMPASS_DISABLE", "1")
+    assert tv.resolve_budget(d) is None
+
+
+@pytest.mark.parametrize("gamma,budget,match", [
+    (0, "dcut", r"num_speculative_tokens: D-Cut needs a draft length >= 1"),
+    (4, "greedy", r"budget policy: 'greedy' is not one of dcut, all-or-nothing, fixed, off"),
+    (4, {"policy": "fixed"}, r"budget gamma: the fixed policy needs an integer 1..4"),
+    (4, {"policy": "fixed", "gamma": 5}, r"budget gamma: .*1..4.*got 5"),
+    (4, {"policy": "dcut", "gamma": 2}, r"budget gamma: only the fixed policy"),
+    (4, {"policy": "dcut", "buckets": [8, 4]}, r"buckets: must be sorted strictly increasing"),
+    (4, {"policy": "all-or-nothing", "buckets": [4]}, r"only the dcut policy takes buckets"),
+    (4, {"policy": "dcut", "measure_s": 60}, r"budget measure_s: .* in \(0, 30\], got 60"),
+    (4, {"policy": "dcut", "table": {"batches": [1], "drafts": [0, 4],
+                                     "seconds": [[0.01, -1.0]]}},
+     r"budget table: .*drafts=4 is missing or not positive"),
+    (4, {"policy": "dcut", "table": {"batches": [1], "drafts": [0, 4], "seconds": [[0.01]]}},
+     r"budget table: .*expected 1 rows of 2 entries"),
+    (4, {"policy": "dcut", "speed": 1}, r"budget: unknown setting 'speed'"),
+    (4, 3, r"budget: expected a policy name"),
+])
+def test_bad_budget_settings_fail_before_serving(tmp_path, any_vllm, gamma, budget, match):
+    t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
+    with pytest.raises(ValueError, match=match):
+        tv.engine_args(t, d, gamma, budget=budget)
+    assert not (tmp_path / "d" / tv.SETTINGS_FILE).exists()  # nothing written for the workers

@@ -65,6 +65,31 @@ def sample(d: str, settings: dict) -> None:
         k: v for k, v in tv.stats(llm).items() if k != "seen"}}), flush=True)
 
 
+def dcut_run(d: str, settings: dict, kw: dict) -> None:
+    """D-Cut (``settings``: the budget) on the trimmed drafter, then the fixed policy switched on
+    in the same engine; greedy outputs of all prompts at once, each run's budget counters and
+    vLLM's own count of drafted tokens it verified."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from trimpass.serving import vllm as tv
+    llm = LLM(**tv.engine_args(d, d, K, budget=settings, check=True), **kw)
+    sp = SamplingParams(temperature=0, max_tokens=24, detokenize=False, ignore_eos=True)
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
+    res = {}
+    for name, policy in (("dcut", None), ("fixed", {"policy": "fixed", "gamma": 1})):
+        if policy:
+            tv.set_budget(llm, policy)
+        before = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+        out = [list(o.outputs[0].token_ids) for o in llm.generate(ps, sp, use_tqdm=False)]
+        after = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+        key = "vllm:spec_decode_num_draft_tokens"
+        st = tv.stats(llm)
+        res[name] = {"together": out, "verified_drafts": after.get(key, 0) - before.get(key, 0),
+                     "budget": st["budget"], "calls": st["calls"], "fallbacks": st["fallbacks"]}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
 def main() -> None:
     d, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     if not os.path.exists(os.path.join(d, "config.json")):
@@ -83,6 +108,8 @@ def main() -> None:
         kw.update(tensor_parallel_size=2, distributed_executor_backend="mp")
     if mode == "none":
         args = {"model": d}
+    elif mode == "dcut":
+        return dcut_run(d, settings, kw)
     else:
         args = tv.engine_args(d, d, K, trim=mode == "trim", **(settings if mode == "trim" else {}))
     llm = LLM(**args, **kw)

@@ -8,7 +8,8 @@ the top K is a prefix of every request's draft), that maximizes expected emitted
 (B + top-K score sum) / (draft_time + C(B, B + K)), with C the verification cost (a callable or a
 :class:`trimpass.budget.costmodel.CostTable`); ``buckets`` limits K to static shapes.
 :func:`draft_more` says, after each step of a chain drafter, which requests can still put a token
-into the cut, so drafting can stop per request and for the whole batch.
+into the cut, so drafting can stop per request and for the whole batch; :func:`next_step_pays`
+whether one more step is worth its drafting time.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["dcut", "draft_more", "scores"]
+__all__ = ["dcut", "draft_more", "next_step_pays", "scores"]
 
 Cost = Callable[..., object]
 
@@ -133,18 +134,51 @@ def dcut(confidences, cost: Cost, draft_time: float = 0.0,
         return torch.zeros(0, dtype=torch.long, device=c.device)
     s = torch.cumprod(c, dim=1)
     order, sorted_s = _rank(s)
-    gain = torch.cat([sorted_s.new_zeros(1), torch.cumsum(sorted_s, 0)])  # gain[K], K=0..B*gamma
-    total = B * gamma
-    if bk is None:
+    K, _ = _best(sorted_s, cost, B, dt, bk)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(B * gamma, device=s.device)
+    return (rank.view(B, gamma) < K).sum(dim=1)
+
+
+def _best(sorted_s: torch.Tensor, cost: Cost, B: int, dt: float, buckets=None):
+    """The K of highest rate (B + sum of the K highest scores) / (dt + C(B, B + K)) over K in
+    0..len(sorted_s) (or 0 and the buckets that fit), the first among equal rates, and that rate."""
+    gain = torch.cat([sorted_s.new_zeros(1), torch.cumsum(sorted_s, 0)])  # gain[K]
+    total = sorted_s.numel()
+    if buckets is None:
         ks = torch.arange(total + 1)
     else:
-        ks = torch.tensor(sorted({0, *(b for b in bk if b <= total)}), dtype=torch.long)
-    seconds = _costs(cost, B, ks).to(s.device)
-    rate = (B + gain[ks.to(s.device)]) / (dt + seconds)
-    K = ks.to(s.device)[torch.argmax(rate)]  # first maximum: the smallest K among equal rates
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(total, device=s.device)
-    return (rank.view(B, gamma) < K).sum(dim=1)
+        ks = torch.tensor(sorted({0, *(b for b in buckets if b <= total)}), dtype=torch.long)
+    seconds = _costs(cost, B, ks).to(sorted_s.device)
+    rate = (B + gain[ks.to(sorted_s.device)]) / (dt + seconds)
+    i = torch.argmax(rate)  # first maximum: the smallest K among equal rates
+    return ks.to(sorted_s.device)[i], float(rate[i])
+
+
+def next_step_pays(confidences, cost: Cost, draft_time: float, step_time: float) -> bool:
+    """Whether one more drafting step is expected to raise the step's best rate (myopic).
+
+    ``confidences`` [B, d >= 1] so far (0 for stopped requests), ``draft_time`` the seconds spent
+    drafting so far, ``step_time`` the seconds one more step costs. Each request's next token is
+    guessed to score its last score times its last confidence (a draft's scores fall about
+    geometrically); the step pays iff the best rate with those tokens, after ``draft_time +
+    step_time``, beats the best rate now. :func:`draft_more` says whether a further token can
+    enter the cut at all; this says whether drafting it is worth its time. At d = 0 it is True."""
+    c = _check_confidences(confidences, min_gamma=0)
+    dt = _check_time(draft_time, "draft_time")
+    step = _check_time(step_time, "step_time")
+    if not callable(cost):
+        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
+    B, d = c.shape
+    if d == 0:
+        return True
+    if B == 0:
+        return False
+    s = torch.cumprod(c, dim=1).cpu()
+    _, now = _best(_rank(s)[1], cost, B, dt)
+    guess = torch.cat([s, (s[:, -1] * c[:, -1].cpu())[:, None]], dim=1)
+    _, later = _best(_rank(guess)[1], cost, B, dt + step)
+    return later > now
 
 
 def draft_more(confidences, cost: Cost, draft_time_per_step: float, *, gamma_max: int,

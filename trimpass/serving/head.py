@@ -52,11 +52,23 @@ def union(idx: torch.Tensor, count: torch.Tensor, start: int, size: int):
     return uniq, inv, rowof, flat
 
 
+def top_prob(values: torch.Tensor, rowof: torch.Tensor, rows: int) -> torch.Tensor:
+    """Each row's softmax maximum over its own logits ``values[rowof == b]`` (float32 [rows];
+    0 for a row with none): 1 / sum(exp(v - max)), without a V-wide pass."""
+    v = values.float()
+    m = torch.full((rows,), float("-inf"), device=v.device).scatter_reduce(
+        0, rowof, v, "amax", include_self=True)
+    se = torch.zeros(rows, device=v.device).index_add_(0, rowof, torch.exp(v - m[rowof]))
+    return torch.where(se > 0, 1.0 / se.clamp_min(1.0), torch.zeros_like(se))
+
+
 def trimmed_logits(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
-                   start: int = 0, softcap: float = 0.0) -> tuple[torch.Tensor, int]:
-    """``[B, weight.shape[0]]`` logits of this shard: row ``b`` exact (``softcap`` applied) on its
-    active ids ``idx[b, :count[b]]`` that fall in ``[start, start + weight.shape[0])``, ``-inf``
-    elsewhere. Returns the logits and the number of distinct ids computed (the union)."""
+                   start: int = 0, softcap: float = 0.0, *, scale: float = 1.0,
+                   with_top: bool = False):
+    """``[B, weight.shape[0]]`` logits of this shard: row ``b`` exact (``softcap``, then
+    ``scale`` applied) on its active ids ``idx[b, :count[b]]`` that fall in ``[start, start +
+    weight.shape[0])``, ``-inf`` elsewhere. Returns the logits and the number of distinct ids
+    computed (the union); ``with_top=True`` adds each row's softmax maximum (:func:`top_prob`)."""
     B, size = x.shape[0], weight.shape[0]
     if idx.dim() == 1:  # one list for every row (a static vocabulary)
         idx, count = idx.expand(B, -1), count.reshape(1).expand(B)
@@ -64,14 +76,16 @@ def trimmed_logits(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, cou
     out = ops.filled((B, size), float("-inf"), x)
     U = int(uniq.numel())
     if U == 0:
-        return out, 0
-    if U > MAX_UNION:  # too many rows to copy: the plain head, read at each row's own ids
-        z = ops.softcap(F.linear(x, weight), softcap)
-        out[rowof, local] = z[rowof, local]
-        return out, U
-    ids = torch.zeros(_bucket(weight, U), dtype=torch.long, device=x.device)
-    ids[:U] = uniq
-    cnt = torch.tensor([U], dtype=torch.int32, device=x.device)
-    z = ops.head_compact(x.contiguous(), weight, None, ids, cnt, 1.0, float(softcap or 0.0))
-    out[rowof, local] = z[rowof, inv]
-    return out, U
+        vals = out.new_zeros(0)
+    elif U > MAX_UNION:  # too many rows to copy: the plain head, read at each row's own ids
+        vals = ops.softcap(F.linear(x, weight), softcap)[rowof, local]
+    else:
+        ids = torch.zeros(_bucket(weight, U), dtype=torch.long, device=x.device)
+        ids[:U] = uniq
+        cnt = torch.tensor([U], dtype=torch.int32, device=x.device)
+        z = ops.head_compact(x.contiguous(), weight, None, ids, cnt, 1.0, float(softcap or 0.0))
+        vals = z[rowof, inv]
+    if scale != 1.0:
+        vals = vals * scale
+    out[rowof, local] = vals
+    return (out, U, top_prob(vals, rowof, B)) if with_top else (out, U)

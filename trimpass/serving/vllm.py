@@ -17,6 +17,8 @@ import json
 import os
 
 from trimpass.config import TrimConfig, TrimpassError, disabled
+from trimpass.serving.vllm_budget import POLICIES
+from trimpass.serving.vllm_budget import check_settings as check_budget
 
 TESTED_VERSION = "0.32.0"
 SETTINGS_FILE = "trimpass.json"
@@ -81,12 +83,36 @@ def resolve(drafter_dir: str | None) -> dict | None:
         if env in ("0", "false"):
             return None
         return {} if env in ("1", "true") else dict(json.loads(env))
-    path = os.path.join(drafter_dir or "", SETTINGS_FILE)
-    if not drafter_dir or not os.path.isfile(path):
+    if not drafter_dir or not os.path.isfile(os.path.join(drafter_dir, SETTINGS_FILE)):
         return None
-    with open(path) as f:
-        d = dict(json.load(f))
+    d = _settings_file(drafter_dir)
+    d.pop("budget", None)
     return d if d.pop("trim", True) else None
+
+
+def _settings_file(drafter_dir: str) -> dict:
+    with open(os.path.join(drafter_dir, SETTINGS_FILE)) as f:
+        return dict(json.load(f))
+
+
+def resolve_budget(drafter_dir: str | None) -> dict | None:
+    """The D-Cut settings a worker uses (``budget`` in ``trimpass.json``), or None: off with
+    ``TRIMPASS_DISABLE=1`` or without the file or the key. Independent of trimming."""
+    if disabled() or not drafter_dir or not os.path.isfile(os.path.join(drafter_dir,
+                                                                          SETTINGS_FILE)):
+        return None
+    return _settings_file(drafter_dir).get("budget")
+
+
+def _budget_settings(budget) -> dict | None:
+    if budget is None:
+        return None
+    if isinstance(budget, str):
+        return {"policy": budget}
+    if isinstance(budget, dict):
+        return dict(budget)
+    raise ValueError(f"budget: expected a policy name ({', '.join(POLICIES)}) or a dict of "
+                     f"budget settings, got {type(budget).__name__}")
 
 
 def _jsonable(v):
@@ -96,7 +122,7 @@ def _jsonable(v):
 
 
 def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int = 4,
-                trim: bool = True, **trim_settings) -> dict:
+                trim: bool = True, budget: str | dict | None = None, **trim_settings) -> dict:
     """Keyword arguments for ``vllm.LLM(**engine_args(...), dtype=..., ...)``: ``target_dir``
     served with ``drafter_dir`` as its ``draft_model`` drafter, whose head trimpass trims to each
     request's active ids (``trim=False``: the same drafter untrimmed). ``trim_settings`` are
@@ -105,7 +131,16 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
     ``max_num_seqs``). Everything is checked here, before an engine starts; the settings are
     written to ``drafter_dir/trimpass.json``, where every worker process reads them. A target
     mixing sliding and full attention layers also gets ``disable_hybrid_kv_cache_manager=True``
-    (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group)."""
+    (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group).
+
+    ``budget`` turns on D-Cut (:mod:`trimpass.serving.vllm_budget`), trimmed or not: ``"dcut"``,
+    ``"all-or-nothing"``, ``{"policy": "fixed", "gamma": k}``, ``"off"``, or a dict that also
+    sets ``buckets`` (allowed totals of verified drafted tokens) and ``measure_s`` (seconds for
+    the start-up cost measurement, <= 30); ``num_speculative_tokens`` is then the longest draft
+    (gamma_max). :func:`set_budget` changes the policy of a running engine."""
+    budget = _budget_settings(budget)
+    if budget is not None:
+        budget = check_budget(budget, num_speculative_tokens)
     if trim:
         check_version(_vllm_version())
     Vt, Vd = vocab_size(target_dir), vocab_size(drafter_dir)
@@ -118,7 +153,8 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
     elif trim_settings:
         raise TrimpassError(f"{next(iter(trim_settings))}: a trim setting with trim=False")
     with open(os.path.join(drafter_dir, SETTINGS_FILE), "w") as f:
-        json.dump({"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}, f)
+        d = {"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}
+        json.dump(d if budget is None else {**d, "budget": budget}, f)
     args = {"model": target_dir,
             "speculative_config": {"method": "draft_model", "model": drafter_dir,
                                    "num_speculative_tokens": int(num_speculative_tokens)}}
@@ -147,6 +183,9 @@ def stats(llm) -> dict:
     out["mean_union"] = out.pop("union_sum") / max(out["calls"], 1)
     out["bytes_per_row"] = max((s.get("bytes_per_row", 0) for s in got), default=0)
     out["max_abs_err"] = max((s.get("max_abs_err", 0.0) for s in got), default=0.0)
+    budgets = [s["budget"] for s in every if "budget" in s]
+    if budgets:  # the driver worker's: its drafts are the ones the scheduler takes
+        out["budget"] = budgets[0]
     seen: dict = {}
     for s in got:
         for rid, ids in s.get("seen", {}).items():
@@ -154,6 +193,15 @@ def stats(llm) -> dict:
     if seen:
         out["seen"] = seen
     return out
+
+
+def set_budget(llm, budget: str | dict) -> dict:
+    """Change the D-Cut policy of a running engine started with ``engine_args(..., budget=...)``
+    (same forms as there); returns the settings now in force. The cost model is kept."""
+    settings = _budget_settings(budget)
+    gamma = llm.llm_engine.vllm_config.speculative_config.num_speculative_tokens
+    check_budget(settings, gamma)
+    return llm.collective_rpc("trimpass_budget", args=(settings,))[0]
 
 
 def register() -> None:

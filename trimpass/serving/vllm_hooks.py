@@ -10,7 +10,10 @@ trimmer binds the input batch's request ids to rows of its :class:`trimpass.stat
 releases rows of requests no longer in the batch (finished or preempted; a resumed request
 rebuilds its row from its tokens) and admits each request's new tokens), and a
 ``trimpass_stats`` method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has
-one row per ``max_num_seqs``; a smaller ``max_rows`` is a start-up error.
+one row per ``max_num_seqs``; a smaller ``max_rows`` is a start-up error. A drafter with budget
+settings also gets a :class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's
+``execute_model`` is timed for its cost model (measured before the engine's first step), each
+proposal is cut into per-request lists, and ``trimpass_budget`` switches its policy.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 
 from trimpass.serving import vllm as front
 from trimpass.serving.head import trimmed_logits
+from trimpass.serving.vllm_budget import Budget
 from trimpass.state import ActiveState
 
 _installed = False
@@ -74,6 +78,7 @@ class Trimmer:
         self.calls = self.fallbacks = self.steps = self.checked = self.violations = 0
         self.active_sum = self.row_calls = self.union_sum = 0
         self.max_abs_err = 0.0
+        self.want_top, self.top = False, None  # each row's softmax maximum, for a Budget
         self.seen: dict = {}
         self._last_log = time.monotonic()
         self._plain = model.compute_logits
@@ -140,12 +145,14 @@ class Trimmer:
         B = h.shape[0]
         idx, count = self.active(B)
         start = head.shard_indices.org_vocab_start_index
-        local, U = trimmed_logits(h, W, idx, count, start, softcap=proc.soft_cap or 0.0)
+        top = self.want_top and head.tp_size == 1  # a shard's maximum is not the row's
+        got = trimmed_logits(h, W, idx, count, start, softcap=proc.soft_cap or 0.0,
+                             scale=proc.scale, with_top=top)
+        local, U = got[:2]
+        self.top = got[2] if top else None
         logits = proc._gather_logits(local) if head.tp_size > 1 else local
         if logits is not None:
             logits = logits[..., :proc.org_vocab_size]
-            if proc.scale != 1.0:
-                logits = logits * proc.scale
         self.calls += 1
         cnt = count.reshape(-1)
         self.active_sum += int(cnt.sum()) * (B if cnt.numel() == 1 else 1)
@@ -185,6 +192,10 @@ def _trimmer_of(runner):
     return getattr(getattr(runner, "drafter", None), "_trimpass", None)
 
 
+def _budget_of(runner):
+    return getattr(getattr(runner, "drafter", None), "_trimpass_budget", None)
+
+
 def install() -> None:
     """Wrap vLLM's proposer, runner and worker once per process (idempotent)."""
     global _installed
@@ -196,32 +207,68 @@ def install() -> None:
 
     load_model = SpecDecodeBaseProposer.load_model
     propose = GPUModelRunner.propose_draft_token_ids
+    execute = GPUModelRunner.execute_model
 
     def trim_load_model(self, target_model, *args, **kwargs):
         out = load_model(self, target_model, *args, **kwargs)
-        settings = front.resolve(getattr(self.draft_model_config, "model", None))
+        drafter_dir = getattr(self.draft_model_config, "model", None)
+        settings = front.resolve(drafter_dir)
         if settings is not None:
             self._trimpass = Trimmer(self, target_model, settings)
+        budget = front.resolve_budget(drafter_dir)
+        if budget is not None:
+            self._trimpass_budget = Budget(self, budget)
+            if settings is not None:
+                self._trimpass.want_top = True
         return out
 
     def trim_propose(self, *args, **kwargs):
-        t0, t = time.perf_counter(), _trimmer_of(self)
+        t0, t, b = time.perf_counter(), _trimmer_of(self), _budget_of(self)
         if t is not None:
             t.begin(self)
+        if b is not None:
+            req_ids = list(self.input_batch.req_ids[:self.input_batch.num_reqs])
+            b.observe_acceptance(req_ids, args[1] if len(args) > 1
+                                 else kwargs.get("sampled_token_ids"))
         try:
-            return propose(self, *args, **kwargs)
+            out = propose(self, *args, **kwargs)
+            return out if b is None else b.cut(out, req_ids)
         finally:
             if t is not None:
                 t.end()
             _proposals[0] += 1
             _proposals[1] += time.perf_counter() - t0
 
+    def timed_execute(self, scheduler_output, *args, **kwargs):
+        b = _budget_of(self)
+        if b is None:
+            return execute(self, scheduler_output, *args, **kwargs)
+        if b.table is None:
+            b.measure_cost(self)
+        t0 = time.perf_counter()
+        out = execute(self, scheduler_output, *args, **kwargs)
+        b.observe_step(scheduler_output, time.perf_counter() - t0)
+        return out
+
     def trimpass_stats(self):
-        t = _trimmer_of(getattr(self, "model_runner", None))
+        runner = getattr(self, "model_runner", None)
+        t, b = _trimmer_of(runner), _budget_of(runner)
         out = {"proposals": _proposals[0], "propose_s": _proposals[1]}
+        if b is not None:
+            out["budget"] = b.stats()
         return out if t is None else {**t.stats(), **out}
+
+    def trimpass_budget(self, settings: dict):
+        b = _budget_of(getattr(self, "model_runner", None))
+        if b is None:
+            raise RuntimeError("trimpass: this engine has no budget; start it with "
+                               "engine_args(..., budget=...)")
+        b.set(settings)
+        return b.settings
 
     SpecDecodeBaseProposer.load_model = trim_load_model
     GPUModelRunner.propose_draft_token_ids = trim_propose
+    GPUModelRunner.execute_model = timed_execute
     WorkerBase.trimpass_stats = trimpass_stats
+    WorkerBase.trimpass_budget = trimpass_budget
     _installed = True

@@ -1,0 +1,296 @@
+"""D-Cut inside vLLM 0.32's workers: how far the drafter drafts and how many drafted tokens each
+request sends to verification, by :mod:`trimpass.budget` and a cost model measured on the engine. A
+:class:`Budget` sits on a drafter (a ``SpecDecodeBaseProposer``). During a proposal it records each
+drafted token's confidence (the drafter's probability of the token it drafted: the softmax maximum
+for greedy drafts, the sampled token's probability for probabilistic ones) and, after each drafting
+step, asks :func:`trimpass.budget.draft_more` whether any request can still put a token into the
+cut: requests that cannot are stopped (their later confidences count as 0) and, when none can
+or when :func:`trimpass.budget.next_step_pays` says another step is not worth its time, drafting
+ends there (the proposal returns the tokens drafted so far). The proposal is then cut by
+:func:`trimpass.budget.dcut` into per-request prefixes, which vLLM's scheduler accepts as lists of
+any length. Confidences are first calibrated by what the target accepted of earlier drafts
+(:class:`trimpass.budget.calibration.Calibration`). The cost of verification, C(batch, tokens), is
+measured at the engine's first step (the target alone through the runner's own dummy run, at a few
+token counts, within ``measure_s`` seconds; cached per device, model, dtype and grid; or a
+``table`` the user measured) and refined from the time of every pure decode step the engine then
+runs. Policies: ``dcut``; ``all-or-nothing`` (keep a step's whole draft or none of it, by the same
+cost model); ``fixed`` (draft ``gamma`` tokens, keep them all); ``off`` (vLLM's own behaviour).
+vLLM's async scheduling cannot take drafts of varying length; the CPU build runs without it, and a
+GPU engine must set ``async_scheduling=False``.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+from trimpass import measure as _m
+from trimpass.budget import CostTable, dcut, draft_more, next_step_pays
+from trimpass.budget.calibration import Calibration
+
+POLICIES = ("dcut", "all-or-nothing", "fixed", "off")
+
+
+class _StopDrafting(Exception):
+    """Raised inside a proposal's drafting loop to end it before the next drafter forward."""
+
+
+def check_settings(settings: dict, gamma_max: int) -> dict:
+    """The budget settings, checked against the engine's draft length ``gamma_max``."""
+    if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+        raise ValueError(f"num_speculative_tokens: D-Cut needs a draft length >= 1 (gamma_max), "
+                         f"got {gamma_max!r}")
+    s = dict(settings)
+    unknown = sorted(set(s) - {"policy", "gamma", "buckets", "measure_s", "table"})
+    if unknown:
+        raise ValueError(f"budget: unknown setting {unknown[0]!r}; use policy, gamma, buckets, "
+                         "measure_s, table")
+    if s.get("table") is not None:
+        try:
+            CostTable.from_dict(s["table"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"budget table: a CostTable.to_dict() of measured seconds is "
+                             f"needed: {e}") from None
+    policy = s.setdefault("policy", "dcut")
+    if policy not in POLICIES:
+        raise ValueError(f"budget policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    gamma = s.get("gamma")
+    if policy == "fixed":
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= gamma_max:
+            raise ValueError(f"budget gamma: the fixed policy needs an integer 1..{gamma_max} "
+                             f"(num_speculative_tokens), got {gamma!r}")
+    elif gamma is not None:
+        raise ValueError(f"budget gamma: only the fixed policy takes a draft length; {policy!r} "
+                         "drafts up to num_speculative_tokens")
+    buckets = s.get("buckets")
+    if buckets is not None:
+        if policy != "dcut":
+            raise ValueError("budget buckets: only the dcut policy takes buckets")
+        dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=buckets)  # dcut's own checks
+    m = s.setdefault("measure_s", 10.0)
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 30:
+        raise ValueError(f"budget measure_s: the start-up measurement's seconds, in (0, 30], got "
+                         f"{m!r}")
+    return s
+
+
+def _grid(top: int) -> list[int]:
+    """1, 2, 4, ... up to ``top`` (included)."""
+    out, n = [], 1
+    while n < top:
+        out.append(n)
+        n *= 2
+    return out + [top]
+
+
+class Budget:
+    """One drafter's verification budget: its policy, cost model, timings and counters."""
+
+    def __init__(self, proposer, settings: dict):
+        for flag in ("use_local_argmax_reduction", "use_heterogeneous_vocab", "parallel_drafting"):
+            if getattr(proposer, flag, False):
+                raise RuntimeError(f"trimpass budget: this drafter uses vLLM's {flag}; D-Cut "
+                                   "reads each drafted token's probability and supports neither")
+        self.proposer = proposer
+        cfg = proposer.vllm_config
+        if getattr(cfg.scheduler_config, "async_scheduling", False):
+            raise RuntimeError("trimpass budget: vLLM's async scheduling cannot take drafts of "
+                               "varying length; start the engine with async_scheduling=False")
+        self.gamma_max = int(proposer.num_speculative_tokens)
+        self.settings = check_settings(settings, self.gamma_max)
+        self.model_key = f"{cfg.model_config.model}:{cfg.model_config.dtype}"
+        self.max_seqs = int(cfg.scheduler_config.max_num_seqs)
+        self.table: CostTable | None = None
+        self.first_s = self.step_s = None  # seconds: first forward + sampling; each later step
+        self._sample, self._propose = proposer._sample_draft_tokens, proposer.propose
+        proposer._sample_draft_tokens, proposer.propose = self.sample, self.propose
+        self.counts = collections.Counter()
+        self.kept = collections.Counter()  # K (drafted tokens verified in all) -> steps
+        self.depth = collections.Counter()  # drafting steps run -> proposals
+        self._conf: list[torch.Tensor] = []
+        self._ids: list[torch.Tensor] = []
+        self._probs: list[torch.Tensor] = []
+        self._t: list[float] = []
+        self._stopped: torch.Tensor | None = None
+        self._gamma_run: int | None = None
+        self.calibration = Calibration()
+        self._sent: dict = {}  # request id -> raw prefix scores of the drafts it sent to verify
+
+    def set(self, settings: dict) -> None:
+        """A new policy; its counters start from zero, the cost model and timings are kept."""
+        self.settings = check_settings(settings, self.gamma_max)
+        measured = self.counts["cost_measurements"]
+        for c in (self.counts, self.kept, self.depth):
+            c.clear()
+        self.counts["cost_measurements"] = measured
+
+    # ---- the cost model ------------------------------------------------------------------------
+    def measure_cost(self, runner) -> None:
+        """C(batch, tokens) from the target alone at a few token counts (the runner's dummy run
+        with attention, the drafter's own dummy run skipped), cached per device and model: here
+        C(B, B + K) = T(B + K), and the engine's own decode steps then refine each cell."""
+        if self.settings.get("table") is not None:  # measured elsewhere, given by the user
+            self.table = CostTable.from_dict(self.settings["table"])
+            return
+        top = min(int(runner.max_num_tokens), self.max_seqs * (1 + self.gamma_max))
+        ns = _grid(top)
+        budget_s = float(self.settings["measure_s"])
+
+        def compute() -> dict:
+            drafter = runner.drafter
+            drafter.dummy_run = lambda *a, **k: None  # this instance only, restored below
+            try:
+                times = []
+                t0 = time.perf_counter()
+                for i, n in enumerate(ns):
+                    share = max(budget_s - (time.perf_counter() - t0), 0.0) / (len(ns) - i)
+                    reps, start = [], time.perf_counter()
+                    while not reps or (time.perf_counter() - start + reps[-1] <= share
+                                       and len(reps) < 5):
+                        t = time.perf_counter()
+                        runner._dummy_run(n, force_attention=True)
+                        reps.append(time.perf_counter() - t)
+                    times.append(sorted(reps)[len(reps) // 2])
+            finally:
+                del drafter.dummy_run
+            return {"tokens": ns, "seconds": times}
+
+        got = _m.cached(f"vllm-verify:{self.model_key}:n={ns}", compute)
+        t = torch.tensor(got["seconds"], dtype=torch.float64)
+        n = torch.tensor(got["tokens"], dtype=torch.float64)
+        batches = _grid(self.max_seqs)
+        drafts = [0] + _grid(self.max_seqs * self.gamma_max)
+        tokens = torch.tensor([[b + k for k in drafts] for b in batches], dtype=torch.float64)
+        i = (torch.searchsorted(n, tokens.clamp(n[0], n[-1]), right=True) - 1).clamp(0, len(n) - 2)
+        f = ((tokens.clamp(n[0], n[-1]) - n[i]) / (n[i + 1] - n[i])) if len(n) > 1 else 0 * tokens
+        seconds = t[i] + f * (t[(i + 1).clamp(max=len(n) - 1)] - t[i])
+        self.table = CostTable(batches, drafts, seconds.tolist())
+        self.counts["cost_measurements"] += 1
+
+    def observe_step(self, scheduler_output, seconds: float) -> None:
+        """Refine the cost model from one pure decode step (every request: 1 + its drafts)."""
+        sched = scheduler_output.num_scheduled_tokens
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        lengths = [len(v) for v in spec.values()]
+        self.counts["verified"] += sum(lengths)
+        self.counts["verified_mixed"] += int(len(set(lengths)) > 1)
+        self.counts["verified_max"] = max(self.counts["verified_max"], max(lengths, default=0))
+        if self.table is None:
+            return
+        if not sched or any(n != 1 + len(spec.get(r, ())) for r, n in sched.items()):
+            return
+        B, tokens = len(sched), int(scheduler_output.total_num_scheduled_tokens)
+        self.table.update(B, tokens, seconds, refit=self.counts["updates"] % 8 == 7)
+        self.counts["updates"] += 1
+
+    # ---- during a proposal ---------------------------------------------------------------------
+    def propose(self, *args, **kwargs):
+        self._conf, self._ids, self._probs, self._t = [], [], [], [time.perf_counter()]
+        self._stopped = None
+        self._gamma_run = kwargs.get("num_speculative_tokens", args[0] if args else None)
+        try:
+            return self._propose(*args, **kwargs)
+        except _StopDrafting:
+            self.counts["stopped_early"] += 1
+            if self._probs:
+                self.proposer._last_draft_probs = torch.stack(self._probs, dim=1).contiguous()
+            return torch.stack(self._ids, dim=1)
+
+    def sample(self, hidden_states, sampling_metadata):
+        p = self.proposer
+        if p._enable_probabilistic_draft_probs and not sampling_metadata.all_greedy:
+            ids, probs = self._sample(hidden_states, sampling_metadata)
+            conf = probs.gather(-1, ids.long()[:, None])[:, 0].float()
+        else:
+            trimmer = getattr(p, "_trimpass", None)
+            if trimmer is not None:
+                trimmer.top = None
+            logits = p.model.compute_logits(hidden_states)
+            ids, probs = logits.argmax(dim=-1), None
+            conf = getattr(trimmer, "top", None)  # from the rows' own logits, no V-wide pass
+            if conf is None or conf.shape[0] != ids.shape[0]:
+                conf = torch.softmax(logits, dim=-1, dtype=torch.float32).max(dim=-1).values
+        self._ids.append(ids)
+        if probs is not None:
+            self._probs.append(probs)
+        if self._stopped is not None:
+            conf = torch.where(self._stopped, torch.zeros_like(conf), conf)
+        self._conf.append(conf.clamp(0, 1).nan_to_num(0.0))
+        self._t.append(time.perf_counter())
+        d = len(self._ids)
+        if d < (self._gamma_run or 0) and self._stop_after(d):
+            raise _StopDrafting
+        return ids, probs
+
+    def _stop_after(self, d: int) -> bool:
+        policy = self.settings["policy"]
+        if policy == "fixed":
+            return d >= self.settings["gamma"]
+        if policy != "dcut" or self.table is None or self.step_s is None:
+            return False
+        conf = self.calibration.confidences(torch.stack(self._conf, dim=1).cpu())
+        active = draft_more(conf, self.table, self.step_s, gamma_max=int(self._gamma_run),
+                            draft_time_base=self.first_s)
+        self._stopped = ~active.to(self._conf[-1].device)
+        if not bool(active.any()):
+            return True
+        conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
+        return not next_step_pays(conf, self.table, self._t[-1] - self._t[0], self.step_s)
+
+    def observe_acceptance(self, req_ids, sampled) -> None:
+        """What the target accepted of the drafts sent last step: ``sampled`` holds each request's
+        emitted tokens this step (a [B, 1 + K] tensor with -1 where rejected, or lists)."""
+        if not self._sent:
+            return
+        if isinstance(sampled, torch.Tensor):
+            valid = (sampled >= 0).sum(dim=1).tolist() if sampled.dim() == 2 else []
+        else:
+            valid = [len(x) for x in sampled or ()]
+        for rid, v in zip(req_ids, valid, strict=False):
+            scores = self._sent.pop(rid, None)
+            if scores and v > 0:
+                self.calibration.observe(scores, v - 1)
+                self.counts["accepted"] += min(v - 1, len(scores))
+        self._sent.clear()
+
+    def cut(self, draft, req_ids=None) -> list[list[int]] | torch.Tensor:
+        """Each request's kept prefix of this proposal's ``draft`` [B, d], as vLLM's lists."""
+        if not isinstance(draft, torch.Tensor) or draft.dim() != 2 or len(self._conf) != \
+                draft.shape[1]:
+            self.counts["unbudgeted"] += 1
+            return draft
+        B, d = draft.shape
+        t = self._t
+        self.first_s = _ema(self.first_s, t[1] - t[0])
+        if d > 1:
+            self.step_s = _ema(self.step_s, (t[-1] - t[1]) / (d - 1))
+        policy = self.settings["policy"]
+        raw = torch.stack(self._conf, dim=1).cpu().double() if d else torch.zeros(B, 0)
+        if policy in ("off", "fixed") or self.table is None or B == 0 or d == 0:
+            n = torch.full((B,), d, dtype=torch.long)
+        else:
+            conf = self.calibration.confidences(raw)
+            buckets = [B * d] if policy == "all-or-nothing" else self.settings.get("buckets")
+            n = dcut(conf, self.table, draft_time=t[-1] - t[0], buckets=buckets)
+        rows, lengths = draft.cpu().tolist(), n.tolist()
+        kept = [row[:k] for row, k in zip(rows, lengths, strict=True)]
+        if req_ids is not None:
+            scores = torch.cumprod(raw, dim=1).tolist()
+            self._sent = {rid: sc[:k] for rid, sc, k in zip(req_ids, scores, lengths,
+                                                            strict=False) if k}
+        self.kept[int(n.sum())] += 1
+        self.counts["mixed"] += int(len(set(lengths)) > 1)
+        self.depth[d] += 1
+        self.counts["proposals"] += 1
+        self.counts["drafted"] += B * d
+        return kept
+
+    def stats(self) -> dict:
+        return {"policy": self.settings["policy"], "gamma": self.settings.get("gamma"),
+                **dict(self.counts), "kept": dict(self.kept), "depth": dict(self.depth),
+                "table": None if self.table is None else self.table.to_dict()}
+
+
+def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:
+    return new if old is None else old + alpha * (new - old)
