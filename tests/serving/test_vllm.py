@@ -3,7 +3,8 @@
 Skipped where vLLM is not installed (the main venv); runs in the ``[vllm]`` venv. Each mode is one
 engine in a fresh subprocess (``vllm_run.py``): no speculation, the untrimmed drafter and the
 trimmed drafter in its ``check`` mode, where every trimmed call also computes the plain head and
-counts rows whose finite logits are not exactly their active ids, or differ there.
+counts rows whose finite logits are not exactly their active ids, or differ there; and D-Cut
+(the trimmed drafter with a verification budget), then a fixed draft length switched on live.
 """
 import json
 import os

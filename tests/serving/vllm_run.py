@@ -5,7 +5,8 @@ engines want a ``__main__`` guard, and each engine gets a fresh process):
 ``python vllm_run.py MODEL_DIR MODE SETTINGS_JSON``, MODE one of ``none`` (no speculation),
 ``plain`` (the model as its own drafter, untrimmed), ``trim`` and ``trim-tp2`` (trimmed, the
 engine sharded over 2 tensor-parallel workers; on a one-NUMA-node CPU vLLM wants
-``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``). Greedy, fp32; every prompt is
+``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``), ``dcut`` (trimmed, with SETTINGS_JSON as the D-Cut
+budget; see :func:`dcut_run`), ``sample`` (temperature 1). Greedy, fp32; every prompt is
 generated alone (concurrency 1), then all of them at once (concurrency ``len(prompts)``).
 """
 from __future__ import annotations
