@@ -1,0 +1,142 @@
+"""trimpass.serving.vllm_budget's Budget on a stand-in for vLLM's proposer (no vLLM needed): where
+drafting stops, what the cut returns, the confidences it reads, what it learns from acceptance."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trimpass.budget import CostTable
+from trimpass.serving.vllm_budget import Budget
+
+GAMMA, B, V = 4, 3, 11
+
+
+class Proposer:
+    """vLLM's drafting loop in miniature: ``propose`` samples one token per step through
+    ``_sample_draft_tokens``; the "hidden states" of step k are ``steps[k]``, taken as logits."""
+
+    use_local_argmax_reduction = use_heterogeneous_vocab = parallel_drafting = False
+
+    def __init__(self, steps, probabilistic=False):
+        self.steps, self.forwards = steps, 0
+        self._enable_probabilistic_draft_probs = probabilistic
+        self._last_draft_probs = None
+        self.num_speculative_tokens = GAMMA
+        self.model = SimpleNamespace(compute_logits=lambda h: h)
+        self.vllm_config = SimpleNamespace(
+            scheduler_config=SimpleNamespace(async_scheduling=False, max_num_seqs=8),
+            model_config=SimpleNamespace(model="stand-in", dtype="float32"))
+
+    def _sample_draft_tokens(self, h, md):
+        if self._enable_probabilistic_draft_probs and not md.all_greedy:
+            probs = torch.softmax(h, dim=-1)
+            return probs.argmin(dim=-1), probs  # "sampled": a token the argmax would not pick
+        return h.argmax(dim=-1), None
+
+    def propose(self, num_speculative_tokens, sampling_metadata):
+        ids, probs = [], []
+        for k in range(num_speculative_tokens):
+            self.forwards += 1
+            t, p = self._sample_draft_tokens(self.steps[k], sampling_metadata)
+            ids.append(t)
+            probs.append(p)
+        if probs[0] is not None:
+            self._last_draft_probs = torch.stack(probs, dim=1)
+        return torch.stack(ids, dim=1)
+
+
+def _steps(seed=0, sharp=4.0):
+    g = torch.Generator().manual_seed(seed)
+    return [sharp * torch.randn(B, V, generator=g) for _ in range(GAMMA)]
+
+
+def _table(per_token: float) -> dict:
+    return CostTable([1, 8], [0, 64], [[1.0, 1.0 + 64 * per_token],
+                                       [1.0, 1.0 + 64 * per_token]]).to_dict()
+
+
+GREEDY = SimpleNamespace(all_greedy=True)
+
+
+def _budget(proposer, **settings):
+    b = Budget(proposer, settings)
+    b.measure_cost(runner=None)  # a given table: nothing to measure
+    return b
+
+
+def test_fixed_gamma_stops_drafting_before_the_next_forward():
+    p = Proposer(_steps())
+    b = _budget(p, policy="fixed", gamma=2, table=_table(0.0))
+    draft = p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY)
+    assert p.forwards == 2 and draft.shape == (B, 2)
+    want = torch.stack([s.argmax(dim=-1) for s in p.steps[:2]], dim=1)
+    assert b.cut(draft, ["a", "b", "c"]) == want.tolist()
+
+
+def test_greedy_confidence_is_the_softmax_maximum():
+    p = Proposer(_steps(1))
+    b = _budget(p, policy="off", table=_table(0.0))
+    p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY)
+    want = torch.stack([torch.softmax(s, dim=-1).max(dim=-1).values for s in p.steps], dim=1)
+    torch.testing.assert_close(torch.stack(b._conf, dim=1), want)
+
+
+@pytest.mark.parametrize("per_token,kept", [(10.0, 0), (0.0, B * GAMMA)])
+def test_dcut_stops_drafting_and_cuts_to_nothing_when_tokens_cost_too_much(per_token, kept):
+    p = Proposer(_steps(2, sharp=8.0))
+    b = _budget(p, policy="dcut", table=_table(per_token))
+    first = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY))
+    assert p.forwards == GAMMA  # the first proposal drafts to gamma_max: it times a step
+    p.forwards = 0
+    lists = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY))
+    assert sum(len(x) for x in first) == sum(len(x) for x in lists) == kept
+    assert p.forwards == (1 if kept == 0 else GAMMA)
+    assert b.counts["stopped_early"] == (1 if kept == 0 else 0)
+
+
+def test_probabilistic_drafts_keep_their_probabilities_when_drafting_stops():
+    p = Proposer(_steps(3), probabilistic=True)
+    b = _budget(p, policy="fixed", gamma=3, table=_table(0.0))
+    md = SimpleNamespace(all_greedy=False)
+    draft = p.propose(num_speculative_tokens=GAMMA, sampling_metadata=md)
+    probs = torch.stack([torch.softmax(s, dim=-1) for s in p.steps[:3]], dim=1)
+    assert draft.shape == (B, 3) and p._last_draft_probs.shape == (B, 3, V)
+    torch.testing.assert_close(p._last_draft_probs, probs)
+    want = probs.gather(-1, draft[..., None])[..., 0]  # the sampled token's probability
+    torch.testing.assert_close(torch.stack(b._conf, dim=1), want)
+
+
+def test_acceptance_is_read_back_from_the_next_steps_sampled_tokens():
+    p = Proposer(_steps(4))
+    b = _budget(p, policy="off", table=_table(0.0))
+    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY), ["a", "b", "c"])
+    scores = torch.cumprod(torch.stack(b._conf, dim=1).double(), dim=1)
+    sampled = torch.full((B, GAMMA + 1), -1)
+    sampled[0, :3] = 5  # a: 2 drafts accepted + the bonus/correction token
+    sampled[2, :1] = 5  # c: none accepted
+    b.observe_acceptance(["c", "b", "a"], sampled[[2, 1, 0]])  # the batch's order changed
+    got = list(b.calibration.pairs)
+    want = [(float(s), 0.0) for s in scores[2]]
+    want += [(float(s), float(k < 2)) for k, s in enumerate(scores[0])]
+    assert got == want  # b emitted nothing this step (e.g. preempted): no evidence
+    assert b.counts["accepted"] == 2 and not b._sent
+
+
+def test_a_budget_refuses_async_scheduling_and_bad_settings():
+    p = Proposer(_steps())
+    p.vllm_config.scheduler_config.async_scheduling = True
+    with pytest.raises(RuntimeError, match="async_scheduling=False"):
+        Budget(p, {"policy": "dcut"})
+    p.vllm_config.scheduler_config.async_scheduling = False
+    with pytest.raises(ValueError, match="budget gamma"):
+        Budget(p, {"policy": "fixed", "gamma": GAMMA + 1})
+
+
+def test_dcut_stops_drafting_where_a_step_costs_more_than_it_can_win():
+    p = Proposer(_steps(5, sharp=8.0))
+    b = _budget(p, policy="dcut", table=_table(0.0))  # verified tokens are free...
+    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY))
+    b.step_s = 100.0  # ...but a drafting step costs 100 s against 1 s for a verification
+    p.forwards = 0
+    lists = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY))
+    assert p.forwards == 1 and [len(x) for x in lists] == [1] * B
