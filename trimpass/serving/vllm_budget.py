@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import time
 
+import numpy as np
 import torch
 
 from trimpass import measure as _m
@@ -138,7 +139,7 @@ class Budget:
         budget_s = float(self.settings["measure_s"])
 
         def compute() -> dict:
-            drafter = runner.drafter
+            drafter, device = runner.drafter, runner.device
             drafter.dummy_run = lambda *a, **k: None  # this instance only, restored below
             try:
                 times = []
@@ -148,24 +149,21 @@ class Budget:
                     reps, start = [], time.perf_counter()
                     while not reps or (time.perf_counter() - start + reps[-1] <= share
                                        and len(reps) < 5):
+                        _m.sync(device)
                         t = time.perf_counter()
                         runner._dummy_run(n, force_attention=True)
+                        _m.sync(device)
                         reps.append(time.perf_counter() - t)
                     times.append(sorted(reps)[len(reps) // 2])
             finally:
                 del drafter.dummy_run
             return {"tokens": ns, "seconds": times}
 
-        got = _m.cached(f"vllm-verify:{self.model_key}:n={ns}", compute)
-        t = torch.tensor(got["seconds"], dtype=torch.float64)
-        n = torch.tensor(got["tokens"], dtype=torch.float64)
+        got = _m.cached(f"vllm-verify:{self.model_key}:n={ns}", compute, runner.device)
         batches = _grid(self.max_seqs)
         drafts = [0] + _grid(self.max_seqs * self.gamma_max)
-        tokens = torch.tensor([[b + k for k in drafts] for b in batches], dtype=torch.float64)
-        i = (torch.searchsorted(n, tokens.clamp(n[0], n[-1]), right=True) - 1).clamp(0, len(n) - 2)
-        f = ((tokens.clamp(n[0], n[-1]) - n[i]) / (n[i + 1] - n[i])) if len(n) > 1 else 0 * tokens
-        seconds = t[i] + f * (t[(i + 1).clamp(max=len(n) - 1)] - t[i])
-        self.table = CostTable(batches, drafts, seconds.tolist())
+        tokens = [[b + k for k in drafts] for b in batches]  # T(n) held flat beyond the grid
+        self.table = CostTable(batches, drafts, np.interp(tokens, got["tokens"], got["seconds"]))
         self.counts["cost_measurements"] += 1
 
     def observe_step(self, scheduler_output, seconds: float) -> None:

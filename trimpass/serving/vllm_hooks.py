@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from trimpass.measure import sync
 from trimpass.serving import vllm as front
 from trimpass.serving.head import trimmed_logits
 from trimpass.serving.vllm_budget import Budget
@@ -245,8 +246,10 @@ def install() -> None:
             return execute(self, scheduler_output, *args, **kwargs)
         if b.table is None:
             b.measure_cost(self)
+        sync(self.device)  # a no-op on CPU; the budget's steps read the host anyway
         t0 = time.perf_counter()
         out = execute(self, scheduler_output, *args, **kwargs)
+        sync(self.device)
         b.observe_step(scheduler_output, time.perf_counter() - t0)
         return out
 
