@@ -1,5 +1,8 @@
 """trimpass.measure: the timers, the call timer that wraps a module in place and leaves it as found,
 and the per-device cache of measured costs."""
+import itertools
+from collections import Counter
+
 import torch
 
 from trimpass import measure
@@ -16,6 +19,21 @@ def test_median_and_interleaved_timers_time_the_work():
     assert len(calls) == 2 + 3 * 4  # two warm-up calls, then rounds x calls
     measure.sync("cpu")
     measure.sync()
+
+
+def test_interleaved_order_gives_each_variant_every_predecessor_about_equally():
+    # What runs before a variant changes its time (a large weight streamed just before evicts the
+    # caches its successor needs), so no variant may follow one other variant most of the time.
+    ran = []
+    names = "abc"
+    measure.interleaved_ms({n: (lambda n=n: ran.append(n)) for n in names}, rounds=600,
+                           device="cpu", calls=1)
+    timed = ran[2 * len(names):]  # after the warm-up calls
+    follows = Counter(itertools.pairwise(timed))
+    pairs = [follows[p, v] for p in names for v in names if p != v]
+    assert len(timed) == 600 * 3 and all(sorted(timed[i:i + 3]) == list(names)
+                                         for i in range(0, len(timed), 3))
+    assert max(pairs) / min(pairs) < 1.3, f"predecessor counts unbalanced: {follows}"
 
 
 def test_stopwatch_times_each_call():

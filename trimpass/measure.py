@@ -5,8 +5,8 @@ calls a loop makes, and keeping measured costs per device.
   not the launch); a no-op on CPU.
 - :func:`median_ms` times a repeatable zero-argument callable: ``triton.testing.do_bench`` on CUDA,
   ``torch.utils.benchmark.Timer`` (blocked autorange, at the caller's thread count) elsewhere.
-- :func:`interleaved_ms` times several variants side by side in rotated order and reports each one's
-  median, for ratios on a shared, noisy machine.
+- :func:`interleaved_ms` times several variants side by side, in a fresh random order each round,
+  and reports each one's median, for ratios on a shared, noisy machine.
 - :class:`Stopwatch` times calls that cannot be repeated (a drafter's step inside a loop), one by
   one; :func:`time_calls` routes every call of a module, compiled in place or not, through one.
 - :func:`cached` keeps a JSON-able measurement once per (device name, torch version, model key).
@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import time
@@ -63,12 +64,15 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cpu", *,
 
 
 def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int,
-                   device: torch.device | str = "cpu", calls: int = 20) -> dict[str, float]:
+                   device: torch.device | str = "cpu", calls: int = 20,
+                   seed: int = 0) -> dict[str, float]:
     """Median over ``rounds`` of the mean ms per call of each zero-argument callable.
 
     Each round runs every variant for ``calls`` back-to-back calls (as a drafter calls its head
-    step after step), in an order rotated from round to round so no variant always follows another.
-    On a shared machine this keeps the variants' ratios meaningful when absolute times drift.
+    step after step), in a fresh random order (seeded), so each variant follows each other one
+    about equally often. A variant's time depends on what ran before it: one that streams a large
+    weight evicts the caches its successor needs. A rotated order keeps the cyclic order, so one
+    variant would follow that one in nearly every round and pay for it alone.
     """
     dev = _device(device)
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -76,9 +80,9 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int,
         fn()
         fn()
     sync(dev)
-    names = list(fns)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    order = random.Random(seed)
+    for _ in range(rounds):
+        for name in order.sample(list(fns), len(fns)):
             fn = fns[name]
             t0 = time.perf_counter()
             for _ in range(calls):
