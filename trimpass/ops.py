@@ -17,7 +17,6 @@ import os
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
 
 from trimpass import compact
 
@@ -139,13 +138,12 @@ def _host_counts(cnt: torch.Tensor, cap: int) -> list[int]:
 def _torch_logits(x3, weight, bias, idx2, counts, scale, cap):
     """``[G, R, max(counts)]`` logits from the cached compact rows; a group's slots at or past its
     own count hold junk, which callers cut off."""
-    rows, brows, _ = compact.compact_rows(weight, bias, idx2, max(counts))
     if x3.shape[0] == 1:
-        z = F.linear(x3[0], rows[0], None if brows is None else brows[0])[None]
-    elif brows is not None:
-        z = torch.baddbmm(brows[:, None, :], x3, rows.transpose(1, 2))
+        z = compact.linear(x3[0], weight, bias, idx2, max(counts))[0][None]
     else:
-        z = torch.bmm(x3, rows.transpose(1, 2))
+        rows, brows, _ = compact.compact_rows(weight, bias, idx2, max(counts))
+        z = (torch.bmm(x3, rows.transpose(1, 2)) if brows is None
+             else torch.baddbmm(brows[:, None, :], x3, rows.transpose(1, 2)))
     if scale != 1.0:
         z.mul_(scale)
     return softcap(z, cap, inplace=True)
@@ -182,8 +180,7 @@ def _full_one(x, weight, bias, idx, count, scale, cap):
     case, with as few tensor views as possible (each costs about a microsecond)."""
     V = weight.shape[0]
     n = min(max(int(count), 0), idx.shape[-1])
-    rows, brows, cols = compact.compact_rows(weight, bias, idx, n)
-    z = F.linear(x.reshape(-1, weight.shape[1]), rows[0], None if brows is None else brows[0])
+    z, cols = compact.linear(x.reshape(-1, weight.shape[1]), weight, bias, idx, n)
     if scale != 1.0:
         z.mul_(scale)
     softcap(z, cap, inplace=True)
