@@ -8,7 +8,7 @@ import torch
 from tests.nosync import no_host_sync
 from trimpass import ops
 from trimpass.config import TrimConfig, TrimpassError
-from trimpass.escape import Proxy
+from trimpass.escape import BLOCK, Proxy, top_ids
 from trimpass.state import ActiveState
 
 V, D = 300, 24
@@ -116,6 +116,25 @@ def test_device_path_has_no_host_sync():
             _step(st, 0.05 * torch.randn(2, 1, D, generator=g), w, torch.randint(0, V, (2, 2),
                                                                          generator=g))
     assert int(st.fired) == 4 and len(_row(st, 0)) > 2
+
+
+@pytest.mark.parametrize("cols", [2 * 64 * BLOCK + 1, 300 * BLOCK, 300 * BLOCK + 77, 1000])
+@pytest.mark.parametrize("kind", ["distinct", "ties", "masked"])
+def test_top_ids_holds_the_k_largest_values(cols, kind):
+    g = torch.Generator().manual_seed(cols)
+    s = torch.randn(3, cols, generator=g)
+    if kind == "ties":  # few distinct values: the k-th largest is tied across many blocks
+        s = s.mul(2).round()
+    if kind == "masked":  # most columns -inf, as the active set's ids are
+        s[:, torch.randperm(cols, generator=g)[:cols - 100]] = float("-inf")
+        s[1, -5:] = 50.0  # the best ones in the tail past the last whole block
+    with no_host_sync():
+        got = top_ids(s, 64)
+    assert got.shape == (3, 64) and got.dtype == torch.long
+    want = s.topk(64, dim=1).values
+    for r in range(3):
+        assert len(set(got[r].tolist())) == 64, "a column picked twice"
+        assert torch.equal(s[r, got[r]].sort(descending=True).values, want[r])
 
 
 @pytest.mark.parametrize("kw,match", [(dict(escape_rank=-1), "escape_rank"),
