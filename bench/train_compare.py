@@ -48,17 +48,18 @@ def main(argv=None) -> int:
     import transformers
 
     import trimpass
-    from trimpass import demo
     from trimpass.hf import assisted, exact
     from trimpass.hf import gemma as G
+    from trimpass.models import drafter_beside
+    from trimpass.select.corpora import held_out_prompts
     from trimpass.train.cache import build_cache
     from trimpass.train.compare import expected_lengths, paired_bootstrap, per_prompt
     from trimpass.train.data import heldout_sequences
     transformers.logging.set_verbosity_error()
     torch.set_grad_enabled(False)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
-    model, tok, _ = demo._model(dtype)
-    prompts = demo._prompts(tok, a.prompts, a.prompt_tokens, model.config.vocab_size)
+    model, tok = G.load_model(dtype), G.GGUFTokenizer()
+    prompts = held_out_prompts(tok, a.prompts, a.prompt_tokens)
     text = heldout_sequences(tok, tokens=a.heldout_tokens, eos=G.END_TURN)
     cache = build_cache(model, text, model_key=f"gemma3-270m-q4_k_m/{a.dtype}/heldout", k=32)
     if dtype == torch.bfloat16:  # verification bit for bit the target's own decoding
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     _, refs = assisted.run(model, None, prompts, a.new_tokens, "target alone")
     rows = []
     for name, path in pairs:
-        base, _ = demo._drafter(model, a.layers, None if path == "none" else path, True)
+        base = drafter_beside(model, a.layers, None if path == "none" else path)
         el = expected_lengths(G.truncated(base, a.layers), cache, a.gamma)
         torch._dynamo.reset()
         draft = G.truncated(base, a.layers)

@@ -32,17 +32,12 @@ CONFIGS = ("none", "untrimmed", "trimmed")
 def prepare(a) -> None:
     from trimpass import models
     from trimpass.hf import gemma
-    from trimpass.select.corpora import held_out, read
+    from trimpass.select.corpora import held_out_prompts
     os.makedirs(a.dir, exist_ok=True)
     models.save_hf(models.gemma3_270m(), os.path.join(a.dir, "target"))
     w = None if a.drafter_weights == "none" else a.drafter_weights
     models.save_hf(models.gemma3_270m_drafter(weights=w), os.path.join(a.dir, "drafter"))
-    tok, out = gemma.GGUFTokenizer(), []
-    for d in read("sharegpt"):
-        if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000:
-            out.append(tok.chat(d.prompt, 128))
-        if len(out) == a.prompts:
-            break
+    out = held_out_prompts(gemma.GGUFTokenizer(), a.prompts, 128)
     with open(os.path.join(a.dir, "prompts.json"), "w") as f:
         json.dump(out, f)
     print(f"wrote {a.dir}/target, drafter ({a.drafter_weights}), prompts.json")

@@ -1,5 +1,6 @@
 """trimpass.models: save_hf round-trips through from_pretrained (tiny random Gemma-3 and Llama),
-the drafter is an independent copy, trained weights load, and the real drafter builds (slow)."""
+the drafter is an independent copy, trained weights load, the drafter beside its target shares the
+embedding only, and the real drafter builds (slow)."""
 import json
 import os
 
@@ -71,6 +72,25 @@ def test_drafter_is_independent_and_loads_weights(tmp_path):
         models.load_weights(draft, str(tmp_path / "junk.safetensors"))
     with pytest.raises(ValueError, match="layers"):
         models.drafter_from(target, 4)
+
+
+def test_drafter_beside_shares_the_embedding_and_owns_its_trained_layers(tmp_path):
+    target = tiny_gemma()
+    emb = target.get_input_embeddings().weight
+    plain = models.drafter_beside(target, 2, weights=None)
+    assert len(plain.model.layers) == 2 and plain.model.layers[0] is target.model.layers[0]
+    from safetensors.torch import save_file
+    w = {"model.layers.1.mlp.down_proj.weight":
+         torch.randn_like(target.model.layers[1].mlp.down_proj.weight)}
+    save_file(w, str(tmp_path / "w.safetensors"))
+    before = target.model.layers[1].mlp.down_proj.weight.clone()
+    draft = models.drafter_beside(target, 2, weights=str(tmp_path / "w.safetensors"))
+    assert draft.get_input_embeddings().weight is emb and models.is_tied(draft)
+    assert torch.equal(draft.model.layers[1].mlp.down_proj.weight, w[next(iter(w))])
+    assert torch.equal(target.model.layers[1].mlp.down_proj.weight, before), "target changed"
+    assert len(target.model.layers) == 3
+    with pytest.raises(ValueError, match="2 layers"):
+        models.drafter_beside(target, 1)
 
 
 @pytest.mark.slow

@@ -54,32 +54,21 @@ def _drafter(model, layers: int, weights: str | None, real: bool):
     trained weights loaded (independent layers, embedding and head shared with the target)."""
     if weights is None or not real:
         return model, "untrained"
-    from trimpass.models import SHIPPED, load_weights
-    path = SHIPPED if weights == "shipped" else weights
     if weights == "shipped" and layers != 2:
         raise ValueError("--layers: the shipped drafter has 2 layers; pass --drafter none or "
                          "your own weights file")
-    draft = G.truncated(model, layers)
-    emb = model.get_input_embeddings().weight
-    draft.model.layers = copy.deepcopy(draft.model.layers)
-    draft.model.norm = copy.deepcopy(draft.model.norm)
-    load_weights(draft, path)
-    assert draft.get_input_embeddings().weight is emb  # the 168M-parameter table stays shared
-    return draft, "shipped (trained)" if weights == "shipped" else os.path.basename(path)
+    from trimpass.models import drafter_beside
+    draft = drafter_beside(model, layers, weights)
+    assert draft.get_input_embeddings().weight is model.get_input_embeddings().weight
+    return draft, "shipped (trained)" if weights == "shipped" else os.path.basename(weights)
 
 
 def _prompts(tok, n: int, max_tokens: int, V: int):
     if tok is None:
         g = torch.Generator().manual_seed(0)
         return [torch.randint(3, V, (48,), generator=g).tolist() for _ in range(n)]
-    from trimpass.select.corpora import held_out, read
-    out = []
-    for d in read("sharegpt"):
-        if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000:
-            out.append(tok.chat(d.prompt, max_tokens))
-        if len(out) == n:
-            return out
-    return out
+    from trimpass.select.corpora import held_out_prompts
+    return held_out_prompts(tok, n, max_tokens)
 
 
 def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track):

@@ -3,11 +3,12 @@ for checkpoints an engine can load. :func:`gemma3_270m` is the real Gemma-3-270M
 loader of ``trimpass.hf.gemma``, dequantized); :func:`gemma3_270m_drafter` is its self-speculative
 drafter (the first N decoder layers, the final norm and the tied head, as ``truncated`` makes it)
 deep-copied into an independent module, so training it never touches the target, optionally with
-trained parameters loaded from a safetensors file (:func:`load_weights`). Both come back in eval
-mode and untrimmed. :func:`save_hf` writes ``config.json`` (``architectures`` from the module's
-class, no quantization entry, ``tie_word_embeddings`` as in the module) and ``model.safetensors``
-(no pickle; a tied head is stored once, as the embedding), the layout vLLM and ``from_pretrained``
-read.
+trained parameters loaded from a safetensors file (:func:`load_weights`); :func:`drafter_beside`
+is the same drafter sharing the target's embedding and head, as it runs beside the target in one
+process. All come back untrimmed, the first two in eval mode. :func:`save_hf` writes
+``config.json`` (``architectures`` from the module's class, no quantization entry,
+``tie_word_embeddings`` as in the module) and ``model.safetensors`` (no pickle; a tied head is
+stored once, as the embedding), the layout vLLM and ``from_pretrained`` read.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import torch
 
 from trimpass.train.lowrank import add_pairs, is_lowrank_key, lowrank_pairs
 
-__all__ = ["gemma3_270m", "gemma3_270m_drafter", "drafter_from", "load_weights", "save_hf",
-           "is_tied"]
+__all__ = ["gemma3_270m", "gemma3_270m_drafter", "drafter_beside", "drafter_from", "load_weights",
+           "save_hf", "is_tied"]
 
 
 def gemma3_270m(dtype: torch.dtype = torch.float32):
@@ -51,15 +52,36 @@ def gemma3_270m_drafter(dtype: torch.dtype = torch.float32, layers: int = 2,
     trained weights that ship with trimpass (``weights="shipped"``, a low-rank delta written by
     ``python -m trimpass train``; see the README), another such file, or none (``None``: the
     untrained truncation)."""
-    if weights == "shipped":
-        if layers != 2:
-            raise ValueError("the shipped drafter has 2 layers; pass weights=None (untrained) or "
-                             f"your own weights file for layers={layers}")
-        weights = SHIPPED
+    weights = _weights_file(weights, layers)
     draft = drafter_from(gemma3_270m(dtype), layers)
     if weights is not None:
         load_weights(draft, weights)
     return draft
+
+
+def drafter_beside(target, layers: int = 2, weights: str | None = "shipped"):
+    """The drafter as it runs beside ``target`` in one process: its own copies of ``target``'s
+    first ``layers`` decoder layers and final norm, with ``weights`` loaded into them (as in
+    :func:`gemma3_270m_drafter`), and the embedding and tied head *shared* with ``target``, not
+    copied (168M parameters at Gemma-3-270M). With ``weights=None`` it is the plain truncation,
+    sharing everything. Untrimmed; re-truncate or compile it as a drafter."""
+    from trimpass.hf.gemma import truncated
+    weights = _weights_file(weights, layers)
+    draft = truncated(target, layers)
+    if weights is not None:
+        draft.model.layers = copy.deepcopy(draft.model.layers)
+        draft.model.norm = copy.deepcopy(draft.model.norm)
+        load_weights(draft, weights)
+    return draft
+
+
+def _weights_file(weights: str | None, layers: int) -> str | None:
+    if weights != "shipped":
+        return weights
+    if layers != 2:
+        raise ValueError("the shipped drafter has 2 layers; pass weights=None (untrained) or "
+                         f"your own weights file for layers={layers}")
+    return SHIPPED
 
 
 def is_tied(module) -> bool:

@@ -180,3 +180,16 @@ def held_out(doc_id: str, every: int = 10) -> bool:
     """A stable split by document: about one document in ``every`` is held out."""
     import zlib
     return zlib.crc32(doc_id.encode()) % every == 0
+
+
+def held_out_chats(spec: str = "sharegpt") -> Iterator[Doc]:
+    """The held-out documents of a chat corpus whose prompt is a usable turn (16 to 4,000
+    characters): where the demo's and the benchmarks' prompts come from, never trained on."""
+    return (d for d in read(spec) if held_out(d.doc_id) and 16 <= len(d.prompt) <= 4000)
+
+
+def held_out_prompts(tok, n: int, max_tokens: int, spec: str = "sharegpt") -> list[list[int]]:
+    """The first ``n`` held-out prompts of ``spec`` as token ids, each one user turn in the
+    tokenizer's chat format (``tok.chat(prompt, max_tokens)``, its text cut to ``max_tokens``)."""
+    import itertools
+    return [tok.chat(d.prompt, max_tokens) for d in itertools.islice(held_out_chats(spec), n)]
