@@ -54,7 +54,8 @@ def test_head_is_exact_on_active_and_escaped_ids_and_rows_stay_apart(kernel):
     w = torch.randn(V, D, generator=g)
     x = 0.05 * torch.randn(3, 1, D, generator=g)  # modest logits: every row is unsure
     st = _state(k=5, gate=0.9)
-    ids = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    proxy = Proxy(8).of(w)  # each row's ids are the proxy's own two best: the escape must skip them
+    ids = torch.stack([proxy.scores(x[r, -1][None])[0].float().topk(2).indices for r in range(3)])
     with ops.use_kernel(kernel):
         out, idx, count = _step(st, x, w, ids)
     full = x @ w.T

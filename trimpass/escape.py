@@ -123,11 +123,14 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
     else:
         rows, idx_f = None, idx
     with ops.threads(threads):
-        sc = proxy.scores(h).float()  # [N, V]
-    valid = torch.arange(idx_f.shape[1], device=idx.device) < (count if rows is None
-                                                                else count[rows])[:, None]
-    sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(sc.dtype),
-                       "amin")  # only ids outside the active set compete
+        sc = proxy.scores(h)  # [N, V] bf16, kept so: a float copy is 1 MB a row more to write
+    if host:  # only ids outside the active set compete
+        for i, c in enumerate(count[rows].tolist()):
+            sc[i].index_fill_(0, idx_f[i, :c], float("-inf"))
+    else:  # slots past a count may repeat a live id: amin lets -inf win whatever the order
+        valid = torch.arange(idx_f.shape[1], device=idx.device) < count[:, None]
+        sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(
+            sc.dtype), "amin")
     top = top_ids(sc, s.escape_topk)
     room = s.capacity - (count if rows is None else count[rows]).long()  # never evict, never
     fits = torch.arange(top.shape[1], device=top.device) < room[:, None]  # exceed capacity
@@ -147,8 +150,11 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
         state.fired.add_(fire.sum())
     # ids that do not fit re-admit an id already active (a no-op but for its recency)
     state.admit(torch.where(ok, top, idx[:, :1]), None, learn=False, rows=pool)
-    # escaped ids rank as least recently seen: the next ids a request receives evict them first
+    # escaped ids rank as least recently seen: the next ids a request receives evict them first.
+    # Membership through a [rows, V + 2] mark table: 15 us against 200 for a [rows, CAP, k] compare.
     held = take(state.idx, pool)
-    hit = (held[:, :, None] == torch.where(ok, top, -1)[:, None, :]).any(-1)
+    mark = torch.zeros((held.shape[0], V + 2), dtype=torch.bool, device=held.device)
+    mark.scatter_(1, torch.where(ok, top, V), True)  # column V: no id; V + 1: never marked
+    hit = mark.gather(1, torch.where(held < 0, V + 1, held.long()))
     hit[:, :state.n_core] = False
     put(state.stamp, pool, take(state.stamp, pool).masked_fill(hit, 0))

@@ -54,7 +54,8 @@ def test_kernel_matches_reference_over_many_steps(B, R, V, cap, S, core, monkeyp
 
 
 @pytest.mark.parametrize("B,R,V,cap,S,core", [(1, 1, 97, 16, 1, ()), (3, 5, 211, 20, 5, (0, 7)),
-                                              (2, 3, 60, 8, 13, (3,)), (2, 4, 500, 64, 3, ())])
+                                              (2, 3, 60, 8, 13, (3,)), (2, 4, 500, 64, 3, ()),
+                                              (2, 3, 3000, 256, 64, (1, 2))])
 @pytest.mark.parametrize("as_slice", [False, True])
 def test_host_admission_matches_reference_over_many_steps(B, R, V, cap, S, core, as_slice):
     g = torch.Generator().manual_seed(B * 100 + S)
