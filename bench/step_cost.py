@@ -10,7 +10,9 @@ round to round; the median round is reported), in float32 and bfloat16, printed 
 2. ``step``: one decode step (one token after a KV cache of ``--prompt-len`` positions, cropped back
    after every step so all steps are alike) of the real Gemma-3-270M truncated to ``--layers``
    layers, each variant compiled in place with ``--inner``: ``untrimmed``; ``static`` (trimmed to
-   the lowest K ids); ``zero-config`` (trimmed, the dynamic mode); ``no-head`` (``lm_head``
+   the lowest K ids); ``zero-config`` (trimmed, the dynamic mode, its escape path on as by default:
+   the step's random context leaves the drafter unsure, so it fires on every step);
+   ``zero-config, no escape`` (``escape_rank=0``); ``no-head`` (``lm_head``
    replaced by ``nn.Identity``, so the step returns the final hidden state: the limit any trimmed
    head approaches). ``--profile N`` then profiles N steps of ``--profile-variants``
    (torch.profiler, self CPU time per op) and prints the share of trimpass's own ops, the dynamic
@@ -28,7 +30,8 @@ import sys
 import warnings
 
 DTYPES = ("fp32", "bf16")
-VARIANTS = ("untrimmed", "static", "zero-config", "no-head")
+VARIANTS = ("untrimmed", "static", "zero-config", "zero-config, no escape", "no-head")
+CONFIGS = {"static": None, "zero-config": {}, "zero-config, no escape": {"escape_rank": 0}}
 TRIMPASS_OPS = ("trimpass::head_full", "trimpass::head_compact", "trimpass::scatter_full",
                 "trimpass::mask_inactive", "trimpass::admit", "trimpass::active",
                 "trimpass::learn", "trimpass::refresh")
@@ -77,8 +80,8 @@ def _drafter(model, variant: str, args):
     draft = gemma.truncated(model, args.layers)
     if variant == "no-head":
         draft.lm_head = torch.nn.Identity()
-    if variant in ("static", "zero-config"):
-        cfg = dict(vocab=list(range(args.k))) if variant == "static" else {}
+    if variant in CONFIGS:
+        cfg = CONFIGS[variant] if variant != "static" else dict(vocab=list(range(args.k)))
         trimpass.trim(draft, inner=args.inner, **cfg)
     else:
         draft.compile(backend=args.inner)
