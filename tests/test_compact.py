@@ -14,9 +14,9 @@ needs_packing = pytest.mark.skipif(not compact.packing()["available"], reason="n
 def packed_calls(monkeypatch):
     """Counts calls of the packed matmul; the timing choice is forced to the packed copy."""
     seen = []
-    real = compact._packed_linear
-    monkeypatch.setattr(compact, "_packed_linear", lambda *a: seen.append(1) or real(*a))
-    monkeypatch.setattr(compact, "_packed_is_faster", lambda *a: True)
+    real = compact.packed_linear
+    monkeypatch.setattr(compact, "packed_linear", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(compact, "packed_pays", lambda *a: True)
     compact.clear()
     yield seen
     compact.clear()

@@ -36,6 +36,18 @@ def test_interleaved_order_gives_each_variant_every_predecessor_about_equally():
     assert max(pairs) / min(pairs) < 1.3, f"predecessor counts unbalanced: {follows}"
 
 
+def test_faster_picks_the_one_with_the_better_best_time(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+
+    def costs(*steps):  # a callable whose successive calls take these times
+        it = iter(steps)
+        return lambda: clock.__setitem__(0, clock[0] + next(it))
+    assert measure.faster(costs(50, 9, 2, 9), costs(0, 3, 3, 3))  # best 2 beats best 3
+    assert not measure.faster(costs(0, 2, 5, 5), costs(50, 4, 1, 9))  # the first call untimed
+    assert not measure.faster(costs(0, 3, 3, 3), costs(0, 3, 3, 3)), "a tie keeps the second"
+
+
 def test_stopwatch_times_each_call():
     sw = measure.Stopwatch()
     assert sw(lambda a, b=0: a + b, 1, b=2) == 3

@@ -19,12 +19,14 @@ count, on the call's own inputs, so a CPU where packing does not pay keeps the p
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from trimpass import measure
 
 _MAX_ENTRIES = 16
 PACK_AFTER = 4  # unchanged calls before packing: a pack costs about as much as 3-4 calls
@@ -122,54 +124,51 @@ def linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, id
     entry = _refresh(weight, bias, idx, n)
     rows, brows = entry.views[2][0], entry.views[3]
     brows = None if brows is None else brows[0]
-    if entry.stable >= PACK_AFTER and n and x2.device.type == "cpu" and _can_pack(x2.dtype):
+    if entry.stable >= PACK_AFTER and n:
         if entry.packed is None:
-            entry.packed = _pack(rows)
+            entry.packed = pack(rows)
         M = x2.shape[0]
         if entry.packed is not None and entry.faster.get(M) is None:
-            entry.faster[M] = _packed_is_faster(x2, rows, brows, entry.packed)
+            entry.faster[M] = packed_pays(x2, entry.packed, brows,
+                                          lambda: F.linear(x2, rows, brows))
         if entry.packed is not None and entry.faster[M]:
-            return _packed_linear(x2, entry.packed, brows), entry.src[3]
+            return packed_linear(x2, entry.packed, brows), entry.src[3]
     entry.stable += 1
     return F.linear(x2, rows, brows), entry.src[3]
 
 
-def _can_pack(dtype: torch.dtype) -> bool:
-    return dtype not in _unpackable and torch.backends.mkldnn.is_available()
+def pack(w: torch.Tensor) -> torch.Tensor | None:
+    """``w[N, K]`` packed for oneDNN's linear (:func:`packed_linear`), or None where this torch,
+    device or dtype cannot pack it (a dtype that failed once is not tried again)."""
+    if w.device.type != "cpu" or w.dtype in _unpackable or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
+    except (RuntimeError, AttributeError, NotImplementedError) as e:  # an op or dtype not built
+        _failed(w.dtype, e)
+        return None
+
+
+def packed_linear(x2: torch.Tensor, packed: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2[M, K] @ w.T`` (plus ``bias``) on ``packed = pack(w)``."""
+    return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed, bias, "none", [None], "")
+
+
+def packed_pays(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                plain: Callable[[], object]) -> bool:
+    """Whether :func:`packed_linear` on these inputs beats ``plain()`` (:func:`measure.faster`);
+    False if it fails here (its dtype is then never packed again)."""
+    try:
+        packed_linear(x2, packed, bias)  # oneDNN makes its primitive on the first call
+    except (RuntimeError, NotImplementedError) as e:
+        _failed(x2.dtype, e)
+        return False
+    return measure.faster(lambda: packed_linear(x2, packed, bias), plain)
 
 
 def _failed(dtype: torch.dtype, e: Exception) -> None:
     _unpackable[dtype] = f"{type(e).__name__}: {e}"
-
-
-def _pack(rows: torch.Tensor) -> torch.Tensor | None:
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(rows, 1)
-    except (RuntimeError, AttributeError, NotImplementedError) as e:  # an op or dtype not built
-        _failed(rows.dtype, e)
-        return None
-
-
-def _packed_linear(x2, packed, brows):
-    return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed, brows, "none", [None], "")
-
-
-def _packed_is_faster(x2, rows, brows, packed, tries: int = 3) -> bool:
-    """Time both matmuls on this call's inputs (best of ``tries`` each, after a warm-up); False
-    if the packed one fails here (its dtype is then never packed again)."""
-    best = {True: float("inf"), False: float("inf")}
-    for use in (True, False) * (tries + 1):
-        t0 = time.perf_counter()
-        if use:
-            try:
-                _packed_linear(x2, packed, brows)
-            except (RuntimeError, NotImplementedError) as e:
-                _failed(x2.dtype, e)
-                return False
-        else:
-            F.linear(x2, rows, brows)
-        best[use] = min(best[use], time.perf_counter() - t0)
-    return best[True] < best[False]
 
 
 def packing() -> dict:

@@ -7,6 +7,7 @@ calls a loop makes, and keeping measured costs per device.
   ``torch.utils.benchmark.Timer`` (blocked autorange, at the caller's thread count) elsewhere.
 - :func:`interleaved_ms` times several variants side by side, in a fresh random order each round,
   and reports each one's median, for ratios on a shared, noisy machine.
+- :func:`faster` picks the faster of two ways of doing the same work (best of a few calls each).
 - :class:`Stopwatch` times calls that cannot be repeated (a drafter's step inside a loop), one by
   one; :func:`time_calls` routes every call of a module, compiled in place or not, through one.
 - :func:`cached` keeps a JSON-able measurement once per (device name, torch version, model key).
@@ -90,6 +91,21 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int,
             sync(dev)
             times[name].append((time.perf_counter() - t0) * 1e3 / calls)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def faster(a: Callable[[], object], b: Callable[[], object], tries: int = 3) -> bool:
+    """Whether ``a()`` beats ``b()``, each timed ``tries`` times in alternation after one untimed
+    call (best of each): for a one-off choice between two ways of doing the same work, on the
+    host's clock."""
+    a()
+    b()
+    best = [float("inf"), float("inf")]
+    for _ in range(tries):
+        for i, fn in enumerate((a, b)):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best[0] < best[1]
 
 
 class Stopwatch:
