@@ -11,7 +11,7 @@ round to round; the median round is reported), in float32 and bfloat16, printed 
    after every step so all steps are alike) of the real Gemma-3-270M truncated to ``--layers``
    layers, each variant compiled in place with ``--inner``: ``untrimmed``; ``static`` (trimmed to
    the lowest K ids); ``zero-config`` (trimmed, the dynamic mode, its escape path on as by default:
-   the step's random context leaves the drafter unsure, so it fires on every step);
+   its gate is checked on every step; this step's drafter is confident, so it does not fire);
    ``zero-config, no escape`` (``escape_rank=0``); ``no-head`` (``lm_head``
    replaced by ``nn.Identity``, so the step returns the final hidden state: the limit any trimmed
    head approaches). ``--profile N`` then profiles N steps of ``--profile-variants``

@@ -8,7 +8,7 @@ import torch
 from tests.nosync import no_host_sync
 from trimpass import ops
 from trimpass.config import TrimConfig, TrimpassError
-from trimpass.escape import BLOCK, Proxy, top_ids
+from trimpass.escape import BLOCK, Proxy, confidence, max_prob, top_ids
 from trimpass.state import ActiveState
 
 V, D = 300, 24
@@ -73,6 +73,20 @@ def test_head_is_exact_on_active_and_escaped_ids_and_rows_stay_apart(kernel):
     assert int(st.fired) == 3
 
 
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_a_full_row_skips_the_path_and_a_row_with_room_takes_ids(kernel):
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(V, D, generator=g)
+    x = 0.05 * torch.randn(2, 1, D, generator=g)  # both rows unsure
+    st = _state(k=5, gate=0.9, cap=8, rows=2)
+    ids = torch.tensor([list(range(10, 18)), [20] * 7 + [21]])  # row 0 fills its 8 slots
+    with ops.use_kernel(kernel):
+        out, idx, count = _step(st, x, w, ids)
+    assert _row(st, 0) == set(range(10, 18)) and int(st.count[0]) == 8
+    assert set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist()) == set(range(10, 18))
+    assert len(_row(st, 1)) == 2 + 5 and int(st.fired) == 1
+
+
 def test_rows_above_the_gate_are_untouched():
     g = torch.Generator().manual_seed(2)
     w = torch.randn(V, D, generator=g)
@@ -117,6 +131,34 @@ def test_device_path_has_no_host_sync():
             _step(st, 0.05 * torch.randn(2, 1, D, generator=g), w, torch.randint(0, V, (2, 2),
                                                                          generator=g))
     assert int(st.fired) == 4 and len(_row(st, 0)) > 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_confidence_is_the_trimmed_softmax_maximum_over_each_rows_own_ids(dtype):
+    g = torch.Generator().manual_seed(7)
+    last = (3 * torch.randn(3, V, generator=g)).to(dtype)
+    idx = torch.stack([torch.randperm(V, generator=g)[:40] for _ in range(3)])
+    count = torch.tensor([40, 7, 1], dtype=torch.int32)  # slots past a count hold stale ids
+    want = [torch.softmax(last[r, idx[r, :int(count[r])]].double(), 0).max() for r in range(3)]
+    got = confidence(last, idx, count)
+    torch.testing.assert_close(got.double(), torch.stack(want), rtol=1e-5, atol=1e-6)
+    assert got[2] == 1.0
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_head_op_hands_the_escape_the_confidence_of_each_rows_last_position(rows):
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(V, D, generator=g)
+    x = torch.randn(rows, 2, D, generator=g) * torch.tensor([3.0, 0.05, 1.0][:rows])[:, None, None]
+    st = _state(rows=rows)
+    torch.ops.trimpass.admit(st.token, torch.randint(0, V, (rows, 9), generator=g), None,
+                             st.serial)
+    idx, count = torch.ops.trimpass.active(st.token, rows, st.settings.capacity, st.serial)
+    out, last = ops._full_and_last(x if rows > 1 else x[0], w, None, idx, count, 1.0, 0.0)
+    assert last.shape[0] == rows
+    want = confidence(out.reshape(rows, -1, V)[:, -1], idx, count)
+    torch.testing.assert_close(max_prob(last, count), want)
+    assert rows == 1 or want.min() < 0.5 < want.max(), "rows both sides of the gate"
 
 
 @pytest.mark.parametrize("cols", [2 * 64 * BLOCK + 1, 300 * BLOCK, 300 * BLOCK + 77, 1000])

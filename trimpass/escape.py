@@ -8,8 +8,9 @@ rows runs 2.5x faster here than over ``V`` short ones), so ``score(h) = (h V_r) 
 ``r/d`` of the head's rows at half the bytes. It is rebuilt whenever the weight changes (in place
 or by ``load_state_dict``: its version counter or storage moves). On a step, each batch row's
 confidence is the trimmed distribution's max probability at its last position; rows below ``gate``
-take the proxy's top-``k`` ids outside their active set (as many as the row has free slots:
-escaped ids never evict an id and never push a row past its capacity), get those ids' exact logits
+with a free slot take the proxy's top-``k`` ids outside their active set (as many as the row has
+free slots: escaped ids never evict an id and never push a row past its capacity, so a full row
+skips the path), get those ids' exact logits
 written into the full-vocabulary output, and admit them into their request row as its least
 recently seen ids (they stay until the request's own ids need the room). On CPU the gate branches
 on the host; on other devices every row computes the proxy and a ``where`` selects, so the step
@@ -61,10 +62,14 @@ class Proxy:
 
 def confidence(last: torch.Tensor, idx: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Max probability of the trimmed distribution ``[B]`` from full logits ``last[B, V]``."""
-    z = last.gather(1, idx).float()
-    valid = torch.arange(idx.shape[1], device=idx.device) < count[:, None]
-    z = z.masked_fill(~valid, float("-inf"))
-    return torch.exp(z.max(1).values - torch.logsumexp(z, 1))
+    return max_prob(last.gather(1, idx), count)
+
+
+def max_prob(z: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Max probability ``[B]`` of the softmax over each row's first ``count`` logits ``z[B, n]``."""
+    z = z.to(torch.float32, copy=True)
+    z.masked_fill_(torch.arange(z.shape[1], device=z.device) >= count[:, None], float("-inf"))
+    return z.sub_(z.amax(1, keepdim=True)).exp_().sum(1).reciprocal_()  # 1 / sum(exp(z - max))
 
 
 BLOCK = 256  # columns per block of the two-level top-k
@@ -96,24 +101,30 @@ def _exact(h, weight, bias, ids, scale, cap):
 @torch.no_grad()
 def escape_step(state, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias,
                 idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
-                softcap: float = 0.0) -> None:
+                softcap: float = 0.0, compact_last: torch.Tensor | None = None) -> None:
     """Run the escape path for the last position of each of ``out``'s batch rows, in place:
     ``out[B, ..., V]`` the trimmed head's full logits, ``x`` its input, ``idx[B, CAP]`` /
-    ``count[B]`` the active ids it read; admitted ids go into ``state``'s rows. On CPU the small
-    ops run on one thread, the proxy's V-wide product on all."""
+    ``count[B]`` the active ids it read, ``compact_last[B, n]`` (optional) the compact logits of
+    each row's last position, which the confidence is read from instead of ``out`` when given;
+    admitted ids go into ``state``'s rows. On CPU the small ops run on one thread, the proxy's
+    V-wide product on all."""
     host = out.is_cpu and not ops._use_triton(out)  # the CPU path may read on the host
     n = torch.get_num_threads()
     with ops.threads(1 if host else n):
-        _escape(state, out, x, weight, bias, idx, count, scale, softcap, host, n)
+        _escape(state, out, x, weight, bias, idx, count, scale, softcap, host, n, compact_last)
 
 
 def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
-            threads: int) -> None:
+            threads: int, compact_last) -> None:
     s, proxy = state.settings, state.proxy.of(weight)  # built (and checked) on the first step
     B, V = idx.shape[0], out.shape[-1]
     last = out.reshape(B, -1, V)[:, -1]
     h = x.reshape(B, -1, x.shape[-1])[:, -1]
-    fire = confidence(last, idx, count) < s.escape_gate
+    room = count < s.capacity  # a full row takes no escaped id: they never evict one
+    if host and not bool(room.any()):
+        return
+    conf = confidence(last, idx, count) if compact_last is None else max_prob(compact_last, count)
+    fire = room & (conf < s.escape_gate)
     if host:
         rows = fire.nonzero().flatten()
         state.fired.add_(rows.numel())

@@ -177,7 +177,8 @@ def _place(z3: torch.Tensor, idx2: torch.Tensor, counts: list[int], V: int,
 
 def _full_one(x, weight, bias, idx, count, scale, cap):
     """``head_full``'s torch path for one id group (a static vocabulary, or batch 1): the common
-    case, with as few tensor views as possible (each costs about a microsecond)."""
+    case, with as few tensor views as possible (each costs about a microsecond). Also returns the
+    compact logits ``[R, n]``."""
     V = weight.shape[0]
     n = min(max(int(count), 0), idx.shape[-1])
     z, cols = compact.linear(x.reshape(-1, weight.shape[1]), weight, bias, idx, n)
@@ -190,7 +191,7 @@ def _full_one(x, weight, bias, idx, count, scale, cap):
         out.view(V).index_copy_(0, cols, z.view(n))
     else:
         out.index_copy_(1, cols, z)
-    return out.view(*x.shape[:-1], V)
+    return out.view(*x.shape[:-1], V), z
 
 
 def _compact_logits(x3, weight, bias, idx2, cnt, scale, cap):
@@ -231,10 +232,17 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
                softcap: float = 0.0) -> torch.Tensor:
     """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
+    return _full_and_last(x, weight, bias, idx, count, scale, softcap)[0]
+
+
+def _full_and_last(x, weight, bias, idx, count, scale, softcap):
+    """``head_full``'s output and, on the torch path, each id group's compact logits at its last
+    position (``[G, n]``, junk past a group's count; None from the Triton kernel)."""
     G = check_head_args(x, weight, bias, idx, count)
     calls["head_full"] += 1
     if G == 1 and not _use_triton(x):
-        return _full_one(x, weight, bias, idx, count, scale, softcap)
+        out, z = _full_one(x, weight, bias, idx, count, scale, softcap)
+        return out, z[-1:]
     x3, idx2, cnt = _grouped(x, idx, count, G)
     V = weight.shape[0]
     if _use_triton(x3):
@@ -242,11 +250,12 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         out = filled((G, x3.shape[1], V), float("-inf"), x)
         kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=softcap, out=out,
                             scatter=True)
+        last = None
     else:
         counts = _host_counts(cnt, idx2.shape[1])
         z = _torch_logits(x3, weight, bias, idx2, counts, scale, softcap)
-        out = _place(z, idx2, counts, V, float("-inf"))
-    return out.reshape(*x.shape[:-1], V)
+        out, last = _place(z, idx2, counts, V, float("-inf")), z[:, -1]
+    return out.reshape(*x.shape[:-1], V), last
 
 
 def _head_full_fake(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
@@ -370,10 +379,10 @@ def _head_full_escape(token, x, weight, bias, idx, count, state: int, scale: flo
     """``head_full`` then the escape path (:mod:`trimpass.escape`) on its output, in place."""
     from trimpass.escape import escape_step
     from trimpass.state import owner
-    out = _head_full(x, weight, bias, idx, count, scale, softcap)
+    out, last = _full_and_last(x, weight, bias, idx, count, scale, softcap)
     B = count.numel()
     escape_step(owner(state), out, x, weight, bias, idx.reshape(B, -1), count.reshape(B),
-                scale, softcap)
+                scale, softcap, compact_last=last)
     token.add_(1)
     return out
 
