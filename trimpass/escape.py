@@ -10,11 +10,11 @@ or by ``load_state_dict``: its version counter or storage moves). On a step, eac
 confidence is the trimmed distribution's max probability at its last position; rows below ``gate``
 with a free slot take the proxy's top-``k`` ids outside their active set (as many as the row has
 free slots: escaped ids never evict an id and never push a row past its capacity, so a full row
-skips the path), get those ids' exact logits
-written into the full-vocabulary output, and admit them into their request row as its least
-recently seen ids (they stay until the request's own ids need the room). On CPU the gate branches
-on the host; on other devices every row computes the proxy and a ``where`` selects, so the step
-has static shapes and no host read (CUDA-graph capturable).
+skips the path), get those ids' exact logits written into the full-vocabulary output, and admit
+them into their request row as its least recently seen ids (they stay until the request's own ids
+need the room). On CPU the gate branches on the host; on other devices every row computes the
+proxy and a ``where`` selects, so the step has static shapes and no host read (CUDA-graph
+capturable).
 """
 from __future__ import annotations
 
@@ -120,11 +120,11 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
     B, V = idx.shape[0], out.shape[-1]
     last = out.reshape(B, -1, V)[:, -1]
     h = x.reshape(B, -1, x.shape[-1])[:, -1]
-    room = count < s.capacity  # a full row takes no escaped id: they never evict one
-    if host and not bool(room.any()):
+    not_full = count < s.capacity  # a full row takes no escaped id: they never evict one
+    if host and not bool(not_full.any()):
         return
     conf = confidence(last, idx, count) if compact_last is None else max_prob(compact_last, count)
-    fire = room & (conf < s.escape_gate)
+    fire = not_full & (conf < s.escape_gate)
     if host:
         rows = fire.nonzero().flatten()
         state.fired.add_(rows.numel())
