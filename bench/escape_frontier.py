@@ -47,8 +47,7 @@ def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
             t0 = time.perf_counter()
             if esc:
                 fired = int(st.fired)
-                out = torch.ops.trimpass.head_full_escape(st.token, x, W, None, idx, count,
-                                                          st.serial)
+                out = torch.ops.trimpass.head_full_escape(x, W, None, idx, count, st.serial)
                 rows += int(count[0]) + (cfg["escape_topk"] if int(st.fired) > fired else 0)
             else:
                 out = torch.ops.trimpass.head_full(x, W, None, idx, count)

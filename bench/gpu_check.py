@@ -249,8 +249,8 @@ def state_section(c: Checks) -> list[dict]:
         ids = torch.randint(0, V, (B, S), device=DEVICE)
 
         def step(st=st, ids=ids, B=B):  # the two ops the pass inserts around a token lookup
-            torch.ops.trimpass.admit(st.token, ids, None, st.serial)
-            return torch.ops.trimpass.active(st.token, B, cap, st.serial)
+            token = torch.ops.trimpass.admit(st.token, ids, None, st.serial)
+            return torch.ops.trimpass.active(token, B, cap, st.serial)
 
         try:
             with host_sync_guard():

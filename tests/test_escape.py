@@ -30,7 +30,7 @@ def _step(st, x, w, ids):
     B = ids.shape[0]
     torch.ops.trimpass.admit(st.token, ids, None, st.serial)
     idx, count = torch.ops.trimpass.active(st.token, B, st.settings.capacity, st.serial)
-    out = torch.ops.trimpass.head_full_escape(st.token, x, w, None, idx, count, st.serial)
+    out = torch.ops.trimpass.head_full_escape(x, w, None, idx, count, st.serial)
     return out, idx, count
 
 

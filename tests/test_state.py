@@ -172,8 +172,8 @@ def test_step_ops_compile_fullgraph_and_match_eager(kernel):
     st, eager = fresh(), fresh()
 
     def step(ids, pos):
-        torch.ops.trimpass.admit(st.token, ids, pos, st.serial)
-        return torch.ops.trimpass.active(st.token, 2, 16, st.serial)
+        token = torch.ops.trimpass.admit(st.token, ids, pos, st.serial)
+        return torch.ops.trimpass.active(token, 2, 16, st.serial)
 
     compiled = torch.compile(step, backend="inductor", fullgraph=True)
     for t in range(12):

@@ -112,8 +112,12 @@ def _frame():
     except Exception:  # noqa: BLE001 - internals moved
         return None, None
     code = tx.f_code if tx is not None else None
-    first = code.co_varnames[0] if code is not None and code.co_argcount else None
-    return tx, first
+    names = code.co_varnames[:code.co_argcount] if code is not None else ()
+    if code is not None and code.co_name.startswith("torch_dynamo_resume_in_"):
+        # the piece after a graph break: Dynamo passes its stack (``___stack0``, ...) and nested
+        # frames first, then the live locals under their own names, the receiver first if live
+        names = [n for n in names if not n.startswith("__")]
+    return tx, (names[0] if names else None)
 
 
 def _current_drafter():

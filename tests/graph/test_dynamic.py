@@ -139,6 +139,29 @@ def test_rows_follow_requests_when_the_batch_size_changes():
     assert set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist()) == {7, 8}
 
 
+class _BrokenLookup(_Lookup):
+    def forward(me, ids):
+        h = me.emb(ids)
+        torch._dynamo.graph_break()  # the lookup and the head land in two graph pieces
+        return torch.nn.functional.linear(me.mid(h), me.emb.weight)
+
+
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_a_graph_piece_without_the_head_still_admits(inner):
+    """The piece holding only the lookup admits with no op reading the token it returns: the
+    admission must survive dead-code elimination."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _BrokenLookup().eval()
+    c = torch.compile(m, backend=trimpass.backend(learn_core=0, escape_rank=0, inner=inner))
+    with torch.no_grad():
+        for ids, want in (([5, 9, 7], {5, 7, 9}), ([11, 5, 2], {2, 5, 7, 9, 11})):
+            out = c(torch.tensor([ids]))
+            fin = torch.isfinite(out[0, -1])
+            assert set(fin.nonzero().flatten().tolist()) == want
+            assert torch.allclose(out[0, -1, fin], m(torch.tensor([ids]))[0, -1, fin], atol=1e-5)
+
+
 def _finite(out):
     return set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist())
 

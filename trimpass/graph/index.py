@@ -92,31 +92,33 @@ class DynamicIndex(Index):
         with gm.graph.inserting_before(before):
             return gm.graph.get_attr("_trimpass_token")
 
-    def _admits(self, gm: fx.GraphModule, before: fx.Node, m: Match, device) -> int:
+    def _admits(self, gm: fx.GraphModule, before: fx.Node, m: Match, device):
+        """Insert an admit before each token lookup, each taking the token the one before gave;
+        return the batch size and the last token (what ``active`` takes)."""
         B = _batch(m)
         self.state.build(m.vocab_size, device)
         self.state.check_batch(B)
         token, pos = self._token(gm, before), _position_input(gm)
-        for lookup, ids in m.embeddings:
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        for lookup, ids in sorted(m.embeddings, key=lambda e: order[e[0]]):
             v = value(ids)
             if isinstance(v, torch.Tensor) and v.dim() >= 2 and int(v.shape[0]) != B:
                 continue  # another batch size than the head's: not these rows
             with gm.graph.inserting_before(lookup):
-                gm.graph.call_function(torch.ops.trimpass.admit.default,
-                                       (token, ids, pos, self.state.serial))
+                token = gm.graph.call_function(torch.ops.trimpass.admit.default,
+                                               (token, ids, pos, self.state.serial))
         s = self.state.settings
         self.note = (f"dynamic vocabulary: batch {B}, capacity {s.capacity}, learned core "
                      f"{s.learn_core}, successors {s.successors}, admits at "
                      f"{len(m.embeddings)} token lookup(s); " +
                      (f"a row starts a new request when {pos.name} starts at 0" if pos is not None
                       else "no position input found: call trimpass.reset(draft) between requests"))
-        return B
+        return B, token
 
     def nodes(self, gm, before, m: Match, device):
-        B = self._admits(gm, before, m, device)
+        B, token = self._admits(gm, before, m, device)
         heads = {h.node for h in m.heads}
         at = next(n for n in gm.graph.nodes if n in heads)  # after every lookup's admit
-        token = self._token(gm, before)
         with gm.graph.inserting_before(at):
             got = gm.graph.call_function(torch.ops.trimpass.active.default, (
                 token, B, self.state.settings.capacity, self.state.serial))
@@ -135,10 +137,9 @@ class DynamicIndex(Index):
         """With the escape path on, ``head_full_escape``: the head, then the escape path."""
         if not self.state.settings.escape_rank:
             return None
-        token = self._token(gm, at)
         with gm.graph.inserting_before(at):
             return gm.graph.call_function(torch.ops.trimpass.head_full_escape.default, (
-                token, x, weight, bias, idx, count, self.state.serial))
+                x, weight, bias, idx, count, self.state.serial))
 
     def before_head(self, graph: fx.Graph, head, weight, bias) -> None:
         """Insert the periodic full-vocabulary refresh (opt-in) before a rewritten head."""
