@@ -17,8 +17,8 @@ BPE and SentencePiece vocabularies give to frequent tokens); opt-in, ``succ[V+1,
 last K distinct ids that followed each id. A request's own ids never leave its row.
 
 Every buffer is private to the ops of :mod:`trimpass.ops` that use it (found by the state's serial):
-passed to a graph as mutated arguments, functionalization would copy the pool every step. The graph
-threads a one-element ``token`` through ``admit`` (mutated) and ``active`` (read) so the two stay
+passed to a graph as mutated arguments, functionalization would copy the pool every step. Each
+``admit`` returns a one-element token that the next ``admit``, then ``active``, takes, so they stay
 ordered. The step path has static shapes and no host read of a device value, so a compiled step
 stays CUDA-graph capturable; the admission kernel is :mod:`trimpass.kernels.vocab_state`.
 """
