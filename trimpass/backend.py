@@ -91,7 +91,9 @@ class TrimBackend:
             log.info("trimpass rewrote graph:\n%s", report)
         else:
             why = "; ".join(f"{n}: {r}" for n, r in report.skipped) or report.note
-            warnings.warn(f"trimpass left a graph unchanged: {why}", TrimpassWarning, stacklevel=2)
+            what = ("rewrote no head in a graph (its token lookups still admit ids)"
+                    if new is not gm else "left a graph unchanged")
+            warnings.warn(f"trimpass {what}: {why}", TrimpassWarning, stacklevel=2)
         return compile_inner(new, example_inputs, self.config.inner, mode, options)
 
     def explain(self) -> str:
