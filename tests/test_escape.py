@@ -87,7 +87,8 @@ def test_a_full_row_skips_the_path_and_a_row_with_room_takes_ids(kernel):
     assert len(_row(st, 1)) == 2 + 5 and int(st.fired) == 1
 
 
-def test_rows_above_the_gate_are_untouched():
+@pytest.mark.parametrize("kernel", ["torch", "triton"])  # the host gate and the device gate
+def test_rows_above_the_gate_are_untouched(kernel):
     g = torch.Generator().manual_seed(2)
     w = torch.randn(V, D, generator=g)
     x = torch.randn(2, 1, D, generator=g)
@@ -95,7 +96,8 @@ def test_rows_above_the_gate_are_untouched():
     flat = [i for i in range(10, 16) if i != hit]
     w[flat] *= 1e-3  # row 1's ids have near-equal logits: p_max ~ 1/6, below the gate
     st = _state(gate=0.5)
-    out, idx, count = _step(st, x, w, torch.tensor([[hit] * len(flat), flat]))
+    with ops.use_kernel(kernel):
+        out, idx, count = _step(st, x, w, torch.tensor([[hit] * len(flat), flat]))
     assert torch.isfinite(out[0, -1]).sum() == 1 and _row(st, 0) == {hit}  # p_max = 1: skipped
     assert torch.isfinite(out[1, -1]).sum() == len(flat) + 5 and len(_row(st, 1)) == len(flat) + 5
     assert int(st.fired) == 1
