@@ -87,6 +87,26 @@ def test_a_full_row_skips_the_path_and_a_row_with_room_takes_ids(kernel):
     assert len(_row(st, 1)) == 2 + 5 and int(st.fired) == 1
 
 
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_an_empty_row_escapes_on_both_gates(kernel):
+    """A row with no active id (a drafter fed hidden states, no token lookup, before any feedback)
+    has no trimmed distribution at all: it is as unsure as can be and takes the proxy's ids."""
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(V, D, generator=g)
+    x = torch.randn(2, 1, D, generator=g)
+    st = _state(k=5, gate=0.5, rows=2)
+    with ops.use_kernel(kernel):
+        idx, count = torch.ops.trimpass.active(st.token, 2, st.settings.capacity, st.serial)
+        assert count.tolist() == [0, 0]
+        out = torch.ops.trimpass.head_full_escape(x, w, None, idx, count, st.serial)
+    full = x @ w.T
+    for r in range(2):
+        fin = torch.isfinite(out[r, -1]).nonzero().flatten()
+        assert len(fin) == 5 and _row(st, r) == set(fin.tolist())
+        torch.testing.assert_close(out[r, -1, fin], full[r, -1, fin], rtol=1e-4, atol=1e-4)
+    assert int(st.fired) == 2
+
+
 @pytest.mark.parametrize("kernel", ["torch", "triton"])  # the host gate and the device gate
 def test_rows_above_the_gate_are_untouched(kernel):
     g = torch.Generator().manual_seed(2)

@@ -74,8 +74,9 @@ def max_prob(z: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 def _unsure_rows(last, idx, count, compact_last, s) -> list[int]:
     """The host path's gate: rows with a free slot (escaped ids never evict one) whose trimmed
-    distribution's max probability is below the gate, read row by row in as few ops as possible
-    (each small op costs ~10 us inside a step, with the caches cold from the drafter's matmuls)."""
+    distribution's max probability is below the gate, or that have no active id at all; read row
+    by row in as few ops as possible (each small op costs ~10 us inside a step, with the caches
+    cold from the drafter's matmuls)."""
     rows = []
     for r, c in enumerate(count.tolist()):
         if c >= s.capacity:
@@ -145,7 +146,9 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
     else:
         conf = confidence(last, idx, count) if compact_last is None else \
             max_prob(compact_last, count)
-        fire = (count < s.capacity) & (conf < s.escape_gate)  # a full row takes no escaped id
+        # a full row takes no escaped id; an empty row's confidence is NaN (no distribution): it
+        # fires, as on the host path
+        fire = (count < s.capacity) & ~(conf >= s.escape_gate)
         rows, idx_f = None, idx
     with ops.threads(threads):
         sc = proxy.scores(h)  # [N, V] bf16, kept so: a float copy is 1 MB a row more to write
