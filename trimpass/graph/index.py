@@ -99,8 +99,7 @@ class DynamicIndex(Index):
         self.state.build(m.vocab_size, device)
         self.state.check_batch(B)
         token, pos = self._token(gm, before), _position_input(gm)
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        for lookup, ids in sorted(m.embeddings, key=lambda e: order[e[0]]):
+        for lookup, ids in m.embeddings:  # in graph order, as match found them
             v = value(ids)
             if isinstance(v, torch.Tensor) and v.dim() >= 2 and int(v.shape[0]) != B:
                 continue  # another batch size than the head's: not these rows
