@@ -110,11 +110,11 @@ def _refresh(weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,
 
 
 def compact_rows(weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,
-                 n: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Rows ``weight[idx[g, j]]`` for ``j < n`` as ``[G, n, d]`` (bias ``[G, n]``), kept current,
-    and for G = 1 the ids ``idx[..., :n]`` as a flat view; ``idx`` is ``[G, CAP]`` or ``[CAP]``."""
+                 n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows ``weight[idx[g, j]]`` for ``j < n`` as ``[G, n, d]`` (bias ``[G, n]``), kept current;
+    ``idx`` is ``[G, CAP]`` or ``[CAP]``."""
     entry = _refresh(weight, bias, idx, n)
-    return entry.views[2], entry.views[3], entry.src[3]
+    return entry.views[2], entry.views[3]
 
 
 def linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,

@@ -141,7 +141,7 @@ def _torch_logits(x3, weight, bias, idx2, counts, scale, cap):
     if x3.shape[0] == 1:
         z = compact.linear(x3[0], weight, bias, idx2, max(counts))[0][None]
     else:
-        rows, brows, _ = compact.compact_rows(weight, bias, idx2, max(counts))
+        rows, brows = compact.compact_rows(weight, bias, idx2, max(counts))
         z = (torch.bmm(x3, rows.transpose(1, 2)) if brows is None
              else torch.baddbmm(brows[:, None, :], x3, rows.transpose(1, 2)))
     if scale != 1.0:
@@ -167,31 +167,25 @@ def _place(z3: torch.Tensor, idx2: torch.Tensor, counts: list[int], V: int,
     for g, c in enumerate(counts):
         if c:
             ids = idx2[g, :c]
-            ids = ids if ids.dtype == torch.long else ids.long()
-            if R == 1:
-                out.view(G, V)[g].index_copy_(0, ids, z3[g, 0, :c])
-            else:
-                out[g].index_copy_(1, ids, z3[g, :, :c])
+            out[g].index_copy_(1, ids if ids.dtype == torch.long else ids.long(), z3[g, :, :c])
     return out
 
 
 def _full_one(x, weight, bias, idx, count, scale, cap):
     """``head_full``'s torch path for one id group (a static vocabulary, or batch 1): the common
-    case, with as few tensor views as possible (each costs about a microsecond). Also returns the
-    compact logits ``[R, n]``."""
-    V = weight.shape[0]
+    case, with as few tensor views as possible (each costs about a microsecond on this hot path).
+    Also returns the compact logits ``[R, n]``."""
+    V, d = weight.shape
     n = min(max(int(count), 0), idx.shape[-1])
-    z, cols = compact.linear(x.reshape(-1, weight.shape[1]), weight, bias, idx, n)
+    x2 = x if x.dim() == 2 else x.reshape(-1, d)
+    z, cols = compact.linear(x2, weight, bias, idx, n)
     if scale != 1.0:
         z.mul_(scale)
     softcap(z, cap, inplace=True)
-    out = filled((z.shape[0], V), float("-inf"), x)
-    cols = cols if cols.dtype == torch.long else cols.long()
-    if z.shape[0] == 1:
-        out.view(V).index_copy_(0, cols, z.view(n))
-    else:
-        out.index_copy_(1, cols, z)
-    return out.view(*x.shape[:-1], V), z
+    out = filled((*x.shape[:-1], V), float("-inf"), x)
+    out2 = out if x.dim() == 2 else out.view(-1, V)
+    out2.index_copy_(1, cols if cols.dtype == torch.long else cols.long(), z)
+    return out, z
 
 
 def _compact_logits(x3, weight, bias, idx2, cnt, scale, cap):
@@ -232,7 +226,11 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
                softcap: float = 0.0) -> torch.Tensor:
     """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
-    return _full_and_last(x, weight, bias, idx, count, scale, softcap)[0]
+    G = check_head_args(x, weight, bias, idx, count)
+    calls["head_full"] += 1
+    if G == 1 and not _use_triton(x):
+        return _full_one(x, weight, bias, idx, count, scale, softcap)[0]
+    return _full_grouped(x, weight, bias, idx, count, scale, softcap, G)[0]
 
 
 def _full_and_last(x, weight, bias, idx, count, scale, softcap):
@@ -243,6 +241,10 @@ def _full_and_last(x, weight, bias, idx, count, scale, softcap):
     if G == 1 and not _use_triton(x):
         out, z = _full_one(x, weight, bias, idx, count, scale, softcap)
         return out, z[-1:]
+    return _full_grouped(x, weight, bias, idx, count, scale, softcap, G)
+
+
+def _full_grouped(x, weight, bias, idx, count, scale, softcap, G):
     x3, idx2, cnt = _grouped(x, idx, count, G)
     V = weight.shape[0]
     if _use_triton(x3):
