@@ -46,6 +46,13 @@ def test_faster_picks_the_one_with_the_better_best_time(monkeypatch):
     assert measure.faster(costs(50, 9, 2, 9), costs(0, 3, 3, 3))  # best 2 beats best 3
     assert not measure.faster(costs(0, 2, 5, 5), costs(50, 4, 1, 9))  # the first call untimed
     assert not measure.faster(costs(0, 3, 3, 3), costs(0, 3, 3, 3)), "a tie keeps the second"
+    evictions = []
+
+    def before():  # untimed: 5 before each call of the first, 0 before the second's
+        evictions.append(len(evictions))
+        clock[0] += 5 if len(evictions) % 2 else 0
+    assert measure.faster(costs(0, 2, 2, 2), costs(0, 3, 3, 3), before=before)
+    assert len(evictions) == 6, "before runs once before each timed call"
 
 
 def test_stopwatch_times_each_call():

@@ -15,7 +15,10 @@ For one id group (a static vocabulary, batch 1, a serving batch's union), :func:
 a copy packed for oneDNN once the rows have stayed unchanged for ``PACK_AFTER`` calls: a plain
 matmul re-lays the weight out on every call, which here costs about a quarter of a bf16 head and
 half of an fp32 one at several rows. Which of the two is faster is measured once per entry and row
-count, on the call's own inputs, so a CPU where packing does not pay keeps the plain matmul.
+count, on the call's own inputs with the caches evicted before each timed call (inside a model step
+the layers' weights evict the head's rows between two calls; measured here, the packed copy is then
+1.2-2x as fast, while for one fp32 row on warm caches the two tie), so a CPU where packing does not
+pay keeps the plain matmul.
 """
 from __future__ import annotations
 
@@ -164,7 +167,8 @@ def packed_pays(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     except (RuntimeError, NotImplementedError) as e:
         _failed(x2.dtype, e)
         return False
-    return measure.faster(lambda: packed_linear(x2, packed, bias), plain)
+    return measure.faster(lambda: packed_linear(x2, packed, bias), plain,
+                          before=measure.cache_evictor())
 
 
 def _failed(dtype: torch.dtype, e: Exception) -> None:

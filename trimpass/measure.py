@@ -7,7 +7,8 @@ calls a loop makes, and keeping measured costs per device.
   ``torch.utils.benchmark.Timer`` (blocked autorange, at the caller's thread count) elsewhere.
 - :func:`interleaved_ms` times several variants side by side, in a fresh random order each round,
   and reports each one's median, for ratios on a shared, noisy machine.
-- :func:`faster` picks the faster of two ways of doing the same work (best of a few calls each).
+- :func:`faster` picks the faster of two ways of doing the same work (best of a few calls each),
+  with the caches warm or, after :func:`cache_evictor`'s callable, cold.
 - :class:`Stopwatch` times calls that cannot be repeated (a drafter's step inside a loop), one by
   one; :func:`time_calls` routes every call of a module, compiled in place or not, through one.
 - :func:`cached` keeps a JSON-able measurement once per (device name, torch version, model key).
@@ -15,9 +16,11 @@ calls a loop makes, and keeping measured costs per device.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
+import pathlib
 import platform
 import random
 import re
@@ -93,19 +96,44 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int,
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def faster(a: Callable[[], object], b: Callable[[], object], tries: int = 3) -> bool:
+def faster(a: Callable[[], object], b: Callable[[], object], tries: int = 3,
+           before: Callable[[], object] | None = None) -> bool:
     """Whether ``a()`` beats ``b()``, each timed ``tries`` times in alternation after one untimed
     call (best of each): for a one-off choice between two ways of doing the same work, on the
-    host's clock."""
+    host's clock. ``before`` (untimed) runs before each timed call, e.g. :func:`cache_evictor`'s
+    callable to time the work as it runs inside a model step."""
     a()
     b()
     best = [float("inf"), float("inf")]
     for _ in range(tries):
         for i, fn in enumerate((a, b)):
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             fn()
             best[i] = min(best[i], time.perf_counter() - t0)
     return best[0] < best[1]
+
+
+def cache_evictor(nbytes: int | None = None) -> Callable[[], None]:
+    """A callable that pushes the CPU's data out of its caches by writing ``nbytes`` (default:
+    twice the last-level cache this host reports, at least 64 MB). Inside a drafter's step the
+    layers' weights evict the head's operands between two calls, so a choice made on warm caches
+    would be made for a regime the head never runs in."""
+    if nbytes is None:
+        nbytes = max(2 * _last_level_cache_bytes(), 64 << 20)
+    buf = torch.empty(nbytes // 4, dtype=torch.float32)
+    return lambda: buf.fill_(1.0)
+
+
+def _last_level_cache_bytes() -> int:
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = pathlib.Path(path).read_text().strip().upper()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=0)
 
 
 class Stopwatch:

@@ -226,11 +226,7 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
                softcap: float = 0.0) -> torch.Tensor:
     """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
-    G = check_head_args(x, weight, bias, idx, count)
-    calls["head_full"] += 1
-    if G == 1 and not _use_triton(x):
-        return _full_one(x, weight, bias, idx, count, scale, softcap)[0]
-    return _full_grouped(x, weight, bias, idx, count, scale, softcap, G)[0]
+    return _full_and_last(x, weight, bias, idx, count, scale, softcap)[0]
 
 
 def _full_and_last(x, weight, bias, idx, count, scale, softcap):
@@ -241,10 +237,6 @@ def _full_and_last(x, weight, bias, idx, count, scale, softcap):
     if G == 1 and not _use_triton(x):
         out, z = _full_one(x, weight, bias, idx, count, scale, softcap)
         return out, z[-1:]
-    return _full_grouped(x, weight, bias, idx, count, scale, softcap, G)
-
-
-def _full_grouped(x, weight, bias, idx, count, scale, softcap, G):
     x3, idx2, cnt = _grouped(x, idx, count, G)
     V = weight.shape[0]
     if _use_triton(x3):
