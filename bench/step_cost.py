@@ -126,6 +126,7 @@ def step_rows(model, args, dtype) -> list[tuple[str, float, str]]:
     with torch.no_grad():
         full, static = steps["untrimmed"](), steps["static"]()
         torch.testing.assert_close(static[..., :args.k], full[..., :args.k])
+        torch.testing.assert_close(steps["anchor"](), full[..., :args.k])
         assert torch.isneginf(static[..., args.k:]).all(), "static: an inactive id is not -inf"
         ms = interleaved_ms(steps, args.rounds, torch.device("cpu"), calls=args.calls)
         for v in args.profile_variants if args.profile else ():
