@@ -16,6 +16,7 @@ calls a loop makes, and keeping measured costs per device.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -126,6 +127,7 @@ def cache_evictor(nbytes: int | None = None) -> Callable[[], None]:
     return lambda: buf.fill_(1.0)
 
 
+@functools.cache  # the host's caches do not change while it runs
 def _last_level_cache_bytes() -> int:
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
