@@ -14,3 +14,14 @@ def test_readme_example(code):
     import torch
     torch._dynamo.reset()
     exec("import torch, trimpass\n" + code, {})
+
+
+def test_ci_runs_the_readmes_test_command():
+    with open(README) as f:
+        commands = re.findall(r"```bash\n(.*?)```", f.read(), re.S)[0]
+    readme = [line for line in commands.splitlines() if line and not line.startswith("#")]
+    with open(os.path.join(os.path.dirname(README), ".ci", "run")) as f:
+        ci = [line for line in f.read().splitlines() if line and not line.startswith(("#", "set ",
+                                                                                     "cd "))]
+    assert len(readme) == 2, f"the README's first bash block has {len(readme)} commands, not 2"
+    assert ci == readme[1:], f".ci/run runs {ci}, the README's test command is {readme[1]!r}"

@@ -1,7 +1,8 @@
 """trimpass.hf.exact: a bf16 target made row-invariant gives, bit for bit, the same logits when it
-verifies k tokens in one pass as k one-token steps do (and the plain model does not, so the check
-can fail); sliding-window masks included; a drafter sharing its modules runs plain; lossless
-assisted generation in bf16 against the exact target's own decoding; bad input."""
+verifies k tokens in one pass as k one-token steps do (and the control shows, on a shape where this
+machine's plain model is not, that the check can fail); sliding-window masks included; a drafter
+sharing its modules runs plain; lossless assisted generation in bf16 against the exact target's own
+decoding; bad input."""
 import copy
 
 import pytest
@@ -45,11 +46,29 @@ def _verify_vs_steps(model, prompt: int, k: int, seed: int):
 
 @pytest.mark.parametrize("prompt,k", [(9, 5), (20, 3), (40, 6)])
 def test_one_pass_equals_one_token_steps_bit_for_bit(models, prompt, k):
-    plain, made = models
+    _, made = models
     a, b = _verify_vs_steps(made, prompt, k, seed=prompt)
     assert torch.equal(a, b)
-    a, b = _verify_vs_steps(plain, prompt, k, seed=prompt)
-    assert not torch.equal(a, b)  # the control: the plain model is not row-invariant here
+
+
+# whether the plain model rounds a k-row pass differently from k one-row steps is a property of
+# the machine's kernels (ISA, thread count), not of the code: the control searches for a shape
+# where this machine shows the difference, and skips where it finds none
+CONTROL_SHAPES = [(p, k, s) for p, k in [(9, 5), (20, 3), (40, 6), (13, 8), (31, 4), (17, 7)]
+                  for s in range(3)]
+
+
+def test_the_check_can_fail_on_a_shape_where_the_plain_model_is_not_row_invariant(models):
+    plain, made = models
+    for prompt, k, seed in CONTROL_SHAPES:
+        a, b = _verify_vs_steps(plain, prompt, k, seed)
+        if not torch.equal(a, b):
+            a, b = _verify_vs_steps(made, prompt, k, seed)
+            assert torch.equal(a, b), f"not row-invariant at prompt={prompt}, k={k}, seed={seed}"
+            return
+    pytest.skip(f"the plain bf16 model is row-invariant on this machine on all "
+                f"{len(CONTROL_SHAPES)} shapes tried (threads={torch.get_num_threads()}, "
+                f"ISA={torch.backends.cpu.get_cpu_capability()}): the control cannot fail here")
 
 
 def test_prefill_with_drafts_equals_prefill_then_steps(models):
