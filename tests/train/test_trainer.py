@@ -132,6 +132,7 @@ def test_data_packs_train_split_only():
 def test_cli_init_must_name_an_existing_file_before_anything_loads(tmp_path, capsys):
     from trimpass.__main__ import main
     out = tmp_path / "out"
-    rc = main(["train", "--init", str(tmp_path / "missing.safetensors"), "--out", str(out)])
-    assert rc == 2 and "init: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--init", str(tmp_path / "missing.safetensors"), "--out", str(out)])
+    assert e.value.code == 2 and "argument --init: no such file" in capsys.readouterr().err
     assert not out.exists()

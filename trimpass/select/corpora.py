@@ -158,18 +158,23 @@ def user_file(path: str, tally: Tally) -> Iterator[Doc]:
 BUILTIN = {"sharegpt": sharegpt, "stdlib": stdlib, "pydoc": pydoc}
 
 
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``(name, N or None)`` of a corpus spec, checked without reading it: a built-in name or an
+    existing file, and ``:N`` with N >= 1; else :class:`CorpusError`."""
+    name, _, limit = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
+    if name not in BUILTIN and not os.path.exists(name):
+        raise CorpusError(f"corpus {spec!r}: not a file, and not one of {sorted(BUILTIN)}; "
+                          "pass a path to .txt, .jsonl or chat .json, or a built-in name")
+    if limit and int(limit) < 1:
+        raise CorpusError(f"corpus {spec!r}: ':{limit}' keeps no document; pass ':N' with N >= 1")
+    return name, int(limit) if limit else None
+
+
 def read(spec: str, tally: Tally | None = None) -> Iterator[Doc]:
     """Documents of the corpus named by ``spec`` (see the module docstring)."""
     tally = tally if tally is not None else Tally()
-    name, _, limit = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
-    if name in BUILTIN:
-        docs = BUILTIN[name](tally)
-    elif os.path.exists(name):
-        docs = user_file(name, tally)
-    else:
-        raise CorpusError(f"corpus {spec!r}: not a file, and not one of {sorted(BUILTIN)}; "
-                          "pass a path to .txt, .jsonl or chat .json, or a built-in name")
-    n = int(limit) if limit else None
+    name, n = parse_spec(spec)
+    docs = BUILTIN[name](tally) if name in BUILTIN else user_file(name, tally)
     for k, d in enumerate(docs):
         if n is not None and k >= n:
             return
