@@ -7,9 +7,9 @@ configuration: the dynamic vocabulary with its learned core; and the context alo
 learned core), in bf16 by default (``--dtype``), where the target verifies row-invariantly
 (:mod:`trimpass.hf.exact`) so the output is bit for bit its own decoding's.
 ``generate`` is called as a user would, on ShareGPT prompts. Printed: draft ms per call, a
-per-round breakdown (draft ms + verify ms -> MAT), acceptance, tokens/s, speedups over the plain
-target alone (run in turn with each drafter, prompt by prompt), lossless ✓/✗, which model ran; a
-PNG plots draft time and MAT against the active vocabulary size. If the model package is missing,
+per-round breakdown (draft ms + verify ms -> MAT), acceptance, tokens/s, and each drafter's speedup
+over the plain target run in turn with it, prompt by prompt (that target's tokens/s printed beside
+it), lossless ✓/✗, which model ran; a PNG shows the speedups, draft ms per call and MAT. If the model package is missing,
 a small random-weight Gemma-3 stands in, and the table says so.
 """
 from __future__ import annotations
@@ -116,28 +116,95 @@ def _track_active(draft, act: list) -> None:
 
 
 def _plot(rows, path: str, model_name: str) -> None:
+    """Left: each drafter's speedup over the plain target run beside it (the headline); right: its
+    draft ms per call and MAT."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    rows = sorted(rows, key=lambda r: r["active"])
-    xs = [r["active"] for r in rows]
-    ax.plot(xs, [r["draft_ms"] for r in rows], "o-", color="tab:blue", label="draft ms / call")
-    ax.set_xscale("log")
-    ax.set_ylim(0, 1.15 * max(r["draft_ms"] for r in rows))
-    ax.set_xlabel("active vocabulary size (ids the head reads per step)")
-    ax.set_ylabel("draft ms per call", color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.plot(xs, [r["mat"] for r in rows], "s--", color="tab:red", label="MAT")
-    ax2.set_ylim(0, 1.25 * max(r["mat"] for r in rows))
-    ax2.set_ylabel("mean accepted tokens per verification", color="tab:red")
-    for k, r in enumerate(rows):
-        ax.annotate(r["name"], (r["active"], r["draft_ms"]), fontsize=7,
-                    xytext=(4, 6 if k % 2 else -12), textcoords="offset points")
-    ax.set_title(f"{model_name}: draft cost and acceptance", fontsize=9)
+    names = [r["name"] for r in rows]
+    ys = range(len(rows))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 2.2), dpi=120,
+                                  sharey=True)
+    speed = [r["tps"] / r["target_tps"] for r in rows]
+    colors = ["tab:green" if x >= 1 else "tab:gray" for x in speed]
+    ax.barh(ys, speed, color=colors, label="drafter's tokens/s ÷ the target's, run beside it")
+    ax.axvline(1.0, color="black", ls="--", lw=1, label="the plain target alone (x1.00)")
+    for y, r, x in zip(ys, rows, speed, strict=True):
+        ax.text(max(x, 1.0), y, f" x{x:.2f} ({r['tps']:.1f} vs {r['target_tps']:.1f} tok/s)",
+                va="center", fontsize=8)
+    ax.set_xlim(0, 1.8 * max(max(speed), 1.0))
+    ax.set_yticks(list(ys), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over the plain target (tokens/s ratio)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
+    ax2.barh(ys, [r["draft_ms"] for r in rows], color="tab:blue", label="draft ms per call")
+    for y, r in zip(ys, rows, strict=True):
+        ax2.text(r["draft_ms"], y, f" {r['draft_ms']:.1f} ms, MAT {r['mat']:.2f}, "
+                 f"{r['active']:,.0f} ids", va="center", fontsize=8)
+    ax2.set_xlim(0, 1.9 * max(r["draft_ms"] for r in rows))
+    ax2.set_xlabel("draft ms per call (MAT: mean accepted tokens per verification)")
+    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
+    fig.suptitle(f"{model_name}: speculative decoding with the drafter trimmed and not",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
+
+
+def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, device) -> dict:
+    """One drafter (untrimmed when ``cfg`` is None, else trimmed with ``cfg``), warmed up, then
+    run in turn with the plain target on each prompt."""
+    torch._dynamo.reset()
+    draft = G.truncated(base_draft, args.layers)
+    if args.gamma:
+        g = draft.generation_config
+        g.num_assistant_tokens, g.num_assistant_tokens_schedule = args.gamma, "constant"
+        g.assistant_confidence_threshold = 0.0
+    act: list = []
+    if cfg is None:
+        assisted.compile_drafter(draft, args.inner)
+        track = None
+    else:
+        trimpass.trim(draft, inner=args.inner, **cfg)
+        track = functools.partial(_track_active, draft, act)
+    assisted.warm_up(model, draft, prompts)
+    before, graphs = head_ops(), assisted.compiled_graphs()
+    st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs, track)
+    head_runs, recompiles = head_ops() - before, assisted.compiled_graphs() - graphs
+    state_ms = _state_ms(draft, device) if cfg is not None else None
+    rounds = max(st.rounds, 1)
+    return dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
+                draft_round=1e3 * st.draft_s / rounds,
+                verify_round=1e3 * (st.seconds - st.draft_s) / rounds,
+                tps=st.tokens_per_s, lossless=st.lossless,
+                active=statistics.mean(act) if act else V,
+                state=None if state_ms is None else state_ms / st.draft_ms,
+                draft_calls=st.draft_calls, head_runs=head_runs, target_tps=beside.tokens_per_s,
+                recompiles=recompiles, trimmed=cfg is not None)
+
+
+def _print_table(rows, first, plain_st, target_st, V) -> None:
+    """Every speedup is the row's tokens/s over the tokens/s of the plain target it ran beside,
+    both printed in the row, so the two always agree."""
+    base = rows[0]
+    print("\n| drafter | active ids | draft ms/call | vs untrimmed | state update | "
+          "per round: draft ms + verify ms -> MAT | acceptance | tokens/s | plain target "
+          "beside, tokens/s | speedup | lossless |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    same = plain_st is None or plain_st.lossless  # the plain target's output = the reference
+    print(f"| (target alone) | {V:,} | - | - | - | 0 + {1e3 / first:.0f} -> 1.00 | - | "
+          f"{first:.2f} | {first:.2f} | x1.00 | {'✓' if same else '✗'} |")
+    if plain_st is not None:
+        tps = target_st.tokens_per_s
+        print(f"| (target alone, row-invariant) | {V:,} | - | - | - | 0 + {1e3 / tps:.0f} -> "
+              f"1.00 | - | {tps:.2f} | {first:.2f} | x{tps / first:.2f} | ✓ |")
+    for r in rows:
+        share = "-" if r["state"] is None else f"{100 * r['state']:.1f}% of step"
+        print(f"| {r['name']} | {r['active']:,.0f} | {r['draft_ms']:.2f} | "
+              f"x{base['draft_ms'] / r['draft_ms']:.2f} | {share} | {r['draft_round']:.0f} + "
+              f"{r['verify_round']:.0f} -> {r['mat']:.2f} | {r['accept']:.2f} | {r['tps']:.2f} | "
+              f"{r['target_tps']:.2f} | x{r['tps'] / r['target_tps']:.2f} | "
+              f"{'✓' if r['lossless'] else '✗'} |")
 
 
 @torch.no_grad()  # for the run only: the caller's grad mode comes back (tests run on after it)
@@ -165,57 +232,11 @@ def main(args) -> int:
         assisted.run(plain, None, prompts, args.new_tokens, "target alone, plain", refs)[0]
     variants = [("untrimmed", None), ("trimmed, zero-config", {}),
                 ("trimmed, context only", dict(learn_core=0))]
-    rows = []
-    for label, cfg in variants:
-        torch._dynamo.reset()
-        draft = G.truncated(base_draft, args.layers)
-        if args.gamma:
-            g = draft.generation_config
-            g.num_assistant_tokens, g.num_assistant_tokens_schedule = args.gamma, "constant"
-            g.assistant_confidence_threshold = 0.0
-        act: list = []
-        if cfg is None:
-            assisted.compile_drafter(draft, args.inner)
-            track = None
-        else:
-            trimpass.trim(draft, inner=args.inner, **cfg)
-            track = functools.partial(_track_active, draft, act)
-        assisted.warm_up(model, draft, prompts)
-        before, graphs = head_ops(), assisted.compiled_graphs()
-        st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs,
-                                   track)
-        head_runs, recompiles = head_ops() - before, assisted.compiled_graphs() - graphs
-        active = statistics.mean(act) if act else V
-        state_ms = _state_ms(draft, device) if cfg is not None else None
-        state = None if state_ms is None else state_ms / st.draft_ms
-        rounds = max(st.rounds, 1)
-        rows.append(dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
-                         draft_round=1e3 * st.draft_s / rounds,
-                         verify_round=1e3 * (st.seconds - st.draft_s) / rounds,
-                         tps=st.tokens_per_s, lossless=st.lossless, active=active, state=state,
-                         draft_calls=st.draft_calls, head_runs=head_runs,
-                         target_tps=beside.tokens_per_s, recompiles=recompiles,
-                         trimmed=cfg is not None))
+    rows = [_run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, device)
+            for label, cfg in variants]
     base = rows[0]
-    print("\n| drafter | active ids | draft ms/call | vs untrimmed | state update | "
-          "per round: draft ms + verify ms -> MAT | acceptance | tokens/s | speedup vs target | "
-          "lossless |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    alone = statistics.mean([(plain_st or target_st).tokens_per_s] +
-                            [r["target_tps"] for r in rows])
-    same = plain_st is None or plain_st.lossless  # the plain target's output = the reference
-    print(f"| (target alone) | {V:,} | - | - | - | 0 + {1e3 / alone:.0f} -> 1.00 | - | "
-          f"{alone:.2f} | x1.00 | {'✓' if same else '✗'} |")
-    if plain_st is not None:
-        tps = target_st.tokens_per_s
-        print(f"| (target alone, row-invariant) | {V:,} | - | - | - | 0 + {1e3 / tps:.0f} -> "
-              f"1.00 | - | {tps:.2f} | x{tps / alone:.2f} | ✓ |")
-    for r in rows:
-        share = "-" if r["state"] is None else f"{100 * r['state']:.1f}% of step"
-        print(f"| {r['name']} | {r['active']:,.0f} | {r['draft_ms']:.2f} | "
-              f"x{base['draft_ms'] / r['draft_ms']:.2f} | {share} | {r['draft_round']:.0f} + "
-              f"{r['verify_round']:.0f} -> {r['mat']:.2f} | {r['accept']:.2f} | {r['tps']:.2f} | "
-              f"x{r['tps'] / r['target_tps']:.2f} | {'✓' if r['lossless'] else '✗'} |")
+    first = (plain_st or target_st).tokens_per_s  # the plain target's own run, before any drafter
+    _print_table(rows, first, plain_st, target_st, V)
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "demo.png")
     _plot(rows, png, name.split(" (")[0])
@@ -228,11 +249,13 @@ def main(args) -> int:
     print("trimmed head ops / draft calls: " + "; ".join(
         f"{r['name']} {r['head_runs']}/{r['draft_calls']}{'' if ok else ' ✗'}"
         for r, ok in zip(rows, ran, strict=True)))
-    print("speedup: each drafter's tokens/s over the plain target alone's, the two run in turn on "
-          "each prompt (the machine's load drifts; the target-alone row is the mean of its runs)")
+    print("speedup: each drafter's tokens/s over the plain target's run beside it (the two in "
+          "turn on each prompt, as the machine's load drifts), both printed in its row; the "
+          "target-alone row is the plain target's own first run")
     late = [f"{r['name']} {r['recompiles']}" for r in rows if r["recompiles"]]
     print("graphs compiled during the timed runs: " + ("; ".join(late) if late else "none"))
-    if plain is not model:
+    if plain_st is not None:
+        same = plain_st.lossless
         print("lossless: identical to the target decoding alone with row-invariant verification "
               "(trimpass.hf.exact; bf16 batched verification otherwise rounds differently from "
               "one-token decoding); speedups are against the plain target, whose output was "
