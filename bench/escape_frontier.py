@@ -31,10 +31,10 @@ def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
     full head's top-``feedback`` at step t - ``lag`` into the row after step t (target feedback,
     ``trimpass.pair``, as it arrives when a verification of ``lag`` drafts ends)."""
     from trimpass.config import TrimConfig
-    from trimpass.state import ActiveState
+    from trimpass.dynamic.state import ActiveState
     st = ActiveState(TrimConfig(**cfg).settings)
     st.build(V, "cpu")
-    esc = bool(cfg.get("escape_rank"))
+    esc = st.settings.escape
     if esc:
         st.proxy.of(W)  # built once per weight, outside the timed steps
     agree = steps = rows = 0
@@ -48,7 +48,7 @@ def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
             if esc:
                 fired = int(st.fired)
                 out = torch.ops.trimpass.head_full_escape(x, W, None, idx, count, st.serial)
-                rows += int(count[0]) + (cfg["escape_topk"] if int(st.fired) > fired else 0)
+                rows += int(count[0]) + (esc.topk if int(st.fired) > fired else 0)
             else:
                 out = torch.ops.trimpass.head_full(x, W, None, idx, count)
                 rows += int(count[0])
@@ -60,7 +60,7 @@ def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
                 st.observe((h[t - lag] @ W.T).view(1, 1, -1), feedback)
     fire = int(st.fired) / steps if esc else 0.0
     return dict(agree=agree / steps, rows=rows / steps, fire=fire, ms=1e3 * secs / steps,
-                proxy_rows=fire * V * cfg.get("escape_rank", 0) / W.shape[1] / 2)
+                proxy_rows=fire * V * (esc.rank if esc else 0) / W.shape[1] / 2)
 
 
 def _static(hs, tokens, ids, W):
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import transformers
 
+    from trimpass.config import Escape
     from trimpass.hf import gemma
     from trimpass.progress import progress
     from trimpass.select.corpora import held_out_prompts
@@ -125,17 +126,17 @@ def main(argv=None) -> int:
     for K in () if a.no_sweep else (3000, 8000, 16000):
         rows.append((f"static top-{K}", _static(hs, tokens, counts.topk(K).indices, W)))
     base = dict(capacity=4096, learn_core=1024, max_rows=1)
-    default = dict(escape_rank=16, escape_topk=64, escape_gate=0.5)
-    variants = [("context + learned core", {"escape_rank": 0})]
+    default = dict(escape=Escape(rank=16, topk=64, gate=0.5))
+    variants = [("context + learned core", {"escape": None})]
     for r in (16,) if a.no_sweep else (16, 64, 128):
         for k in (64,) if a.no_sweep else (64, 256):
             for gate in (0.5,) if a.no_sweep else (0.5, 0.7, 0.9):
                 variants.append((f"+ escape r{r} k{k} gate {gate}",
-                                 dict(escape_rank=r, escape_topk=k, escape_gate=gate)))
+                                 dict(escape=Escape(rank=r, topk=k, gate=gate))))
     if a.feedback:
         fb = dict(feedback=a.feedback, lag=a.lag)
         variants += [(f"context + learned core + feedback k{a.feedback}",
-                      {"escape_rank": 0, **fb}),
+                      {"escape": None, **fb}),
                      (f"+ escape r16 k64 gate 0.5 + feedback k{a.feedback}", {**default, **fb})]
     for label, cfg in progress(variants, desc="replaying variants"):
         rows.append((label, _replay(hs, tokens, prompts, V, W, **base, **cfg)))

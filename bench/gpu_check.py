@@ -28,8 +28,6 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,7 +149,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 @contextlib.contextmanager
 def host_sync_guard():
     """Raise on any host sync inside: CUDA's sync debug mode on a GPU; on the CPU (dry run),
-    ``tests/nosync.py``'s dispatch mode with the Triton path forced, as a GPU would run it."""
+    :mod:`trimpass.testing.nosync`'s dispatch mode with the Triton path forced, as a GPU would run
+    it."""
     if DEVICE == "cuda":
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -159,9 +158,7 @@ def host_sync_guard():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         return
-    if ROOT not in sys.path:
-        sys.path.append(ROOT)  # tests/ of this checkout, only for the dry run's guard
-    from tests.nosync import no_host_sync
+    from trimpass.testing.nosync import no_host_sync
     with ops.use_kernel("triton"), no_host_sync():
         yield
 
@@ -238,7 +235,7 @@ def state_section(c: Checks) -> list[dict]:
     """Cost of one step's state update (admit, which also counts the learned core, then the head's
     read of the active ids), with no host sync, and every received id active after it."""
     from trimpass.config import TrimConfig
-    from trimpass.state import ActiveState
+    from trimpass.dynamic.state import ActiveState
     V = EAGLE.V if DEVICE == "cuda" else 1_031
     cap, learn = (4096, 1024) if DEVICE == "cuda" else (64, 16)
     rows = []

@@ -12,7 +12,7 @@ round to round; the median round is reported), in float32 and bfloat16, printed 
    layers, each variant compiled in place with ``--inner``: ``untrimmed``; ``static`` (trimmed to
    the lowest K ids); ``zero-config`` (trimmed, the dynamic mode, its escape path on as by default:
    its gate is checked on every step; this step's drafter is confident, so it does not fire);
-   ``zero-config, no escape`` (``escape_rank=0``); ``anchor`` (``lm_head`` replaced by a linear
+   ``zero-config, no escape`` (``escape=None``); ``anchor`` (``lm_head`` replaced by a linear
    layer holding the static variant's K rows: the compact GEMM of part 1 in place, its caches as
    cold as the drafter leaves them); ``no-head`` (``lm_head`` replaced by ``nn.Identity``, so the
    step returns the final hidden state: the limit any trimmed head approaches). The static head's
@@ -34,7 +34,7 @@ import warnings
 
 DTYPES = ("fp32", "bf16")
 VARIANTS = ("untrimmed", "static", "zero-config", "zero-config, no escape", "anchor", "no-head")
-CONFIGS = {"static": None, "zero-config": {}, "zero-config, no escape": {"escape_rank": 0}}
+CONFIGS = {"static": None, "zero-config": {}, "zero-config, no escape": {"escape": None}}
 TRIMPASS_OPS = ("trimpass::head_full", "trimpass::head_compact", "trimpass::scatter_full",
                 "trimpass::mask_inactive", "trimpass::admit", "trimpass::active",
                 "trimpass::learn", "trimpass::refresh")

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trimpass import base
+
 
 @triton.jit
 def _trimmed_head_kernel(
@@ -152,7 +154,6 @@ def trimmed_head_reference(x: torch.Tensor, weight: torch.Tensor, idx: torch.Ten
                            out: torch.Tensor | None = None, scatter: bool = False,
                            fill_tail: bool = True) -> torch.Tensor:
     """Pure-torch reference of :func:`trimmed_head`, same signature and layout, fp32 maths."""
-    from trimpass.ops import softcap as soft_cap
     G, R, _ = x.shape
     CAP = idx.shape[1]
     if out is None:
@@ -163,7 +164,7 @@ def trimmed_head_reference(x: torch.Tensor, weight: torch.Tensor, idx: torch.Ten
         z = x[g].float() @ weight[ids].float().T
         if bias is not None:
             z = z + bias[ids].float()
-        z = soft_cap(z * scale, softcap)
+        z = base.softcap(z * scale, softcap)
         if scatter:
             out[g][:, ids] = z.to(out.dtype)
         else:

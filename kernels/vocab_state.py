@@ -1,4 +1,5 @@
-"""Admission of token ids into request rows of the dynamic vocabulary (see ``trimpass.state``).
+"""Admission of token ids into request rows of the dynamic vocabulary (see
+``trimpass.dynamic.state``).
 
 Buffers: a pool ``idx[R, CAP+1]``, ``stamp[R, CAP+1]`` (int64; column ``CAP`` is scratch) and
 ``count[R]`` (int32); ``rows[B]`` picks the pool row of each batch position. One call admits
@@ -8,8 +9,7 @@ ranked by id, take the free slots from ``count`` on, then evict the least recent
 slots not seen in this call (ties by slot index); new ids beyond that wait. The kernel runs one
 program per batch position (for ``S <= MAX_S``; prefill-sized calls use the reference), with
 barriers where the row's own writes are read back. The file holds, in order: the kernel, its launch
-configuration, the launcher, and the pure-torch reference with the same signature.
-"""
+configuration, the launcher, and the pure-torch reference with the same signature."""
 from __future__ import annotations
 
 import numpy as np
@@ -68,14 +68,29 @@ def _admit_kernel(
     tl.store(count_ptr + r, (count0 + tl.sum((ok & use_free).to(tl.int64), axis=0)).to(tl.int32))
 
 
+SCRATCH = 1  # columns each pool row carries past its capacity: where a static-shape scatter sends
+# the writes of ids that get no slot
 MAX_S = 64  # ids per row per call handled by the kernel ([S, S] compares live in registers)
 SEARCH_C = 256  # slots compared per step of the row search ([S, SEARCH_C] in registers)
+
+
+def new_pool(rows: int, capacity: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pool of ``rows`` empty request rows: ``idx`` (ids) and ``stamp`` (-1: never seen), each
+    ``[rows, capacity + SCRATCH]`` int64."""
+    shape = (rows, capacity + SCRATCH)
+    return (torch.zeros(shape, dtype=torch.long, device=device),
+            torch.full(shape, -1, dtype=torch.long, device=device))
+
+
+def capacity_of(idx: torch.Tensor) -> int:
+    """The capacity of a pool made by :func:`new_pool`."""
+    return idx.shape[1] - SCRATCH
 
 
 def admit(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
     """Launch one program per batch position; ``clock`` must already hold this call's stamp."""
     B, S = ids.shape
-    cap = idx.shape[1] - 1
+    cap = capacity_of(idx)
     if S == 0:
         return
     scratch = torch.empty((B, cap), dtype=torch.int64, device=idx.device)
@@ -91,7 +106,7 @@ def admit(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
 def admit_host(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
     """The same admission for CPU tensors, id by id on the host (numpy views of the buffers): for
     the few ids of a decode or verify step, ~20 small vectorized ops cost more than this loop."""
-    cap = idx.shape[1] - 1
+    cap = capacity_of(idx)
     now = int(clock)
     I, T, C = idx.numpy(), stamp.numpy(), count.numpy()  # noqa: E741 - as in the reference
     rows = range(rows.start, rows.stop) if isinstance(rows, slice) else rows.tolist()
@@ -164,7 +179,7 @@ def admit_reference(idx, stamp, count, clock, rows, ids, n_core: int, evict: boo
     also be a ``slice`` of the pool (admitted in place); ``evict=False`` is for callers that know
     every new id fits in a free slot (it skips the eviction scan)."""
     B, S = ids.shape
-    cap = idx.shape[1] - 1
+    cap = capacity_of(idx)
     if S == 0:
         return
     I, T, C = take(idx, rows), take(stamp, rows), take(count, rows)  # noqa: E741

@@ -15,9 +15,10 @@ import torch
 
 from trimpass import ops  # noqa: F401  (registers the torch.library ops)
 from trimpass.backend import TrimBackend, TrimpassWarning, backend_for, dynamo_entry, make_backend
-from trimpass.config import TrimConfig, TrimpassError
+from trimpass.config import Escape, TrimConfig, TrimpassError
+from trimpass.dynamic import ops as _dynamic_ops  # noqa: F401  (and the dynamic vocabulary's)
 
-__all__ = ["backend", "trim", "TrimConfig", "TrimpassError", "TrimpassWarning", "explain",
+__all__ = ["backend", "trim", "TrimConfig", "Escape", "TrimpassError", "TrimpassWarning", "explain",
            "reset", "stats", "observe", "pair", "active_ids", "active_state", "ops"]
 
 
@@ -96,9 +97,9 @@ def _state(draft, what: str, required: bool = True):
 
 
 def active_state(draft):
-    """``draft``'s dynamic-vocabulary :class:`~trimpass.state.ActiveState` (its request rows,
-    ``admit``, ``active``, ``bind``/``release`` for engines), or ``None`` before the first call or
-    in the static mode."""
+    """``draft``'s dynamic-vocabulary :class:`~trimpass.dynamic.state.ActiveState` (its
+    request rows, ``admit``, ``active``, ``bind``/``release`` for engines), or ``None`` before the
+    first call or in the static mode."""
     return _state(draft, "active_state", required=False)
 
 
@@ -138,8 +139,8 @@ def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
 def pair(target: torch.nn.Module, draft, k: int = 3):
     """Opt-in target feedback: after each pass of ``target`` (prompt, verification), its top-``k``
     ids at every position join ``draft``'s request rows; no loop change, the target untouched.
-    Returns a handle: ``.remove()`` unpairs. See :mod:`trimpass.feedback`."""
-    from trimpass import feedback
+    Returns a handle: ``.remove()`` unpairs. See :mod:`trimpass.dynamic.feedback`."""
+    from trimpass.dynamic import feedback
     if not _backend_of(draft).config.dynamic:
         raise TrimpassError("pair: draft has a static vocabulary, with no request rows to "
                             "feed; trim it in the dynamic mode (the default)")

@@ -56,7 +56,7 @@ class TrimBackend:
         """The dynamic-vocabulary state of ``drafter`` (``None`` for a plain function)."""
         if not self.config.dynamic:
             return None
-        from trimpass.state import ActiveState
+        from trimpass.dynamic.state import ActiveState
         if drafter is None:
             if self._unowned is None and create:
                 self._unowned = ActiveState(self.config.settings)

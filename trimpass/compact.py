@@ -64,6 +64,14 @@ def clear() -> None:
     _cache.clear()
 
 
+def forget(weight: torch.Tensor, keep_capacity: int) -> None:
+    """Drop ``weight``'s compact copies of every capacity but ``keep_capacity`` (a caller whose id
+    buffer grew no longer uses the smaller ones)."""
+    key = weight.data_ptr()
+    for k in [k for k in _cache if k[0] == key and k[6] != keep_capacity]:
+        del _cache[k]
+
+
 def rows_gathered() -> int:
     """Total rows gathered by live cache entries (a test hook for incrementality)."""
     return sum(e.gathers for e in _cache.values())

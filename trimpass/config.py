@@ -9,6 +9,7 @@ sees trimpass's sentence first rather than a ``BackendCompilerFailed`` wrapper.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +38,38 @@ class TrimpassError(_Passthrough, ValueError):
 
 
 DYNAMIC_DEFAULTS = dict(capacity=4096, core=None, learn_core=1024, successors=0,
-                        refresh_every=0, refresh_topk=64, max_rows=64, escape_rank=16,
-                        escape_topk=64, escape_gate=0.5)
+                        refresh_every=0, refresh_topk=64, max_rows=64)
+FLAT_ESCAPE = ("escape_rank", "escape_topk", "escape_gate")  # deprecated: use escape=Escape(...)
+
+
+@dataclass(frozen=True)
+class Escape:
+    """The escape path's settings (dynamic mode; :mod:`trimpass.dynamic.escape`).
+
+    rank: the rank of its low-rank proxy of the head, which scores every id when the trimmed
+        distribution is unsure; must be below the head's width d. Rank 16 took the real
+        Gemma-3-270M's greedy agreement from 97.0% to 98.0% for ~240 more head rows a step
+        amortized (``bench/results/escape_frontier.md``).
+    topk: ids outside the active set that get their exact logits when it fires.
+    gate: it fires on a row whose trimmed max probability is below this, in (0, 1).
+    """
+    rank: int = 16
+    topk: int = 64
+    gate: float = 0.5
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+            raise TrimpassError(f"escape.rank: must be a positive int (escape=None turns the path "
+                                f"off), got {self.rank!r}")
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk <= 0:
+            raise TrimpassError(f"escape.topk: must be a positive int, got {self.topk!r}")
+        if isinstance(self.gate, bool) or not isinstance(self.gate, (int, float)) \
+                or not 0 < self.gate < 1:
+            raise TrimpassError(f"escape.gate: must be a probability in (0, 1), got "
+                                f"{self.gate!r}")
+
+
+DEFAULT_ESCAPE = Escape()  # TrimConfig's default; told apart from an Escape() the user passes
 
 
 @dataclass(frozen=True)
@@ -59,7 +90,8 @@ class StaticSettings:
 
 @dataclass(frozen=True)
 class DynamicSettings:
-    """The dynamic mode: per-request rows of ``capacity`` ids (see :mod:`trimpass.state`)."""
+    """The dynamic mode: per-request rows of ``capacity`` ids (see
+    :mod:`trimpass.dynamic.state`)."""
     keep: torch.Tensor
     capacity: int
     core: torch.Tensor | None
@@ -68,9 +100,7 @@ class DynamicSettings:
     refresh_every: int
     refresh_topk: int
     max_rows: int
-    escape_rank: int = 16
-    escape_topk: int = 64
-    escape_gate: float = 0.5
+    escape: Escape | None
 
     def check_vocab_size(self, V: int) -> None:
         _check_max(V, keep=self.keep, core=self.core)
@@ -90,10 +120,10 @@ class TrimConfig:
 
     A static ``vocab`` selects the static mode; ``vocab=None`` the dynamic, context-aware mode (the
     zero-configuration default). The dynamic-only settings (``capacity``, ``core``,
-    ``learn_core``, ``successors``, ``refresh_every``, ``refresh_topk``, ``max_rows``,
-    ``escape_rank``, ``escape_topk``, ``escape_gate``) default to
-    ``None`` and take their defaults in the dynamic mode; given with a static ``vocab`` they are an
-    error, since they would do nothing. :attr:`settings` holds the checked settings of the mode.
+    ``learn_core``, ``successors``, ``refresh_every``, ``refresh_topk``, ``max_rows``) default to
+    ``None`` and take their defaults in the dynamic mode; given with a static ``vocab`` they, and
+    ``escape``, are an error, since they would do nothing. :attr:`settings` holds the checked
+    settings of the mode.
 
     vocab: static active vocabulary (list / 1-D tensor of token ids, or a path to a torch-saved
         1-D int64 tensor or dict with key ``ids``); ``None`` for the dynamic context-aware mode.
@@ -121,14 +151,10 @@ class TrimConfig:
     refresh_topk: dynamic mode (default 64): how many top ids a refresh step admits.
     max_rows: dynamic mode (default 64): request rows in the drafter's pool (the largest batch,
         or an engine's concurrent requests); each row holds ~64 KB at capacity 4,096.
-    escape_rank: dynamic mode (default 16; 0 disables): the rank of the escape path's low-rank
-        proxy of the head (:mod:`trimpass.escape`), which proposes ids outside the active set when
-        the trimmed distribution is unsure; must be below the head's width d. The default took
-        the real Gemma-3-270M's greedy agreement from 97.0% to 98.0% for ~240 more head rows a
-        step amortized (README: the escape path's frontier).
-    escape_topk: dynamic mode (default 64): ids the escape path adds when it fires.
-    escape_gate: dynamic mode (default 0.5): the escape path fires on a row whose trimmed max
-        probability is below this, in (0, 1).
+    escape: dynamic mode: the escape path's settings, an :class:`Escape` (default
+        ``Escape(rank=16, topk=64, gate=0.5)``), or ``None`` to turn it off. The flat
+        ``escape_rank`` (0: off), ``escape_topk`` and ``escape_gate`` still work, with a
+        ``DeprecationWarning``.
     """
 
     vocab: Any = None
@@ -145,6 +171,7 @@ class TrimConfig:
     refresh_every: int | None = None
     refresh_topk: int | None = None
     max_rows: int | None = None
+    escape: Escape | None = DEFAULT_ESCAPE
     escape_rank: int | None = None
     escape_topk: int | None = None
     escape_gate: float | None = None
@@ -162,8 +189,13 @@ class TrimConfig:
                                             or self.vocab_size <= 0):
             raise TrimpassError(f"vocab_size: must be a positive int, got {self.vocab_size!r}")
         keep = self._checked(self.keep, "keep", allow_empty=True)
+        self._flat_escape()
+        if self.escape is not None and not isinstance(self.escape, Escape):
+            raise TrimpassError(f"escape: must be a trimpass.config.Escape or None, got "
+                                f"{self.escape!r}")
         if self.vocab is not None:
             given = [k for k in DYNAMIC_DEFAULTS if getattr(self, k) is not None]
+            given += ["escape"] * (self.escape is not DEFAULT_ESCAPE and self.escape is not None)
             if given:
                 raise TrimpassError(
                     f"{given[0]}: a dynamic-mode setting, which does nothing with a static vocab; "
@@ -186,15 +218,6 @@ class TrimConfig:
         if not isinstance(self.refresh_every, int) or self.refresh_every < 0:
             raise TrimpassError(f"refresh_every: must be an int >= 0 (0 disables), got "
                                 f"{self.refresh_every!r}")
-        if not isinstance(self.escape_rank, int) or self.escape_rank < 0:
-            raise TrimpassError(f"escape_rank: must be an int >= 0 (0 disables), got "
-                                f"{self.escape_rank!r}")
-        if not isinstance(self.escape_topk, int) or self.escape_topk <= 0:
-            raise TrimpassError(f"escape_topk: must be a positive int, got {self.escape_topk!r}")
-        if isinstance(self.escape_gate, bool) or not isinstance(self.escape_gate, (int, float)) \
-                or not 0 < self.escape_gate < 1:
-            raise TrimpassError(f"escape_gate: must be a probability in (0, 1), got "
-                                f"{self.escape_gate!r}")
         core = None if self.core is None else self._checked(self.core, "core")
         n_core = (0 if core is None else core.numel()) + keep.numel()
         if n_core + self.learn_core >= self.capacity:
@@ -204,8 +227,33 @@ class TrimConfig:
                 "capacity, or lower learn_core or shrink core")
         self.settings = DynamicSettings(keep, self.capacity, core, self.learn_core,
                                         self.successors, self.refresh_every, self.refresh_topk,
-                                        self.max_rows, self.escape_rank, self.escape_topk,
-                                        float(self.escape_gate))
+                                        self.max_rows, self.escape)
+
+    def _flat_escape(self) -> None:
+        """The deprecated flat ``escape_*`` settings, folded into ``escape``."""
+        flat = {k[len("escape_"):]: getattr(self, k) for k in FLAT_ESCAPE
+                if getattr(self, k) is not None}
+        if not flat:
+            return
+        warnings.warn(f"{', '.join('escape_' + k for k in flat)}: deprecated; pass "
+                      f"escape=Escape({', '.join(f'{k}={v!r}' for k, v in flat.items())}) "
+                      "(trimpass.config.Escape), or escape=None to turn the path off",
+                      DeprecationWarning, stacklevel=4)
+        if self.vocab is not None:
+            raise TrimpassError(f"escape_{next(iter(flat))}: a dynamic-mode setting, which does "
+                                "nothing with a static vocab; remove it")
+        if flat.get("rank") == 0:
+            self.escape = None
+            return
+        if isinstance(flat.get("rank"), int) and not isinstance(flat["rank"], bool) \
+                and flat["rank"] < 0:
+            raise TrimpassError(f"escape_rank: must be an int >= 0 (0 disables), got "
+                                f"{flat['rank']!r}")
+        base = self.escape if isinstance(self.escape, Escape) else DEFAULT_ESCAPE
+        try:
+            self.escape = Escape(**{**base.__dict__, **flat})
+        except TrimpassError as e:
+            raise TrimpassError(str(e).replace("escape.", "escape_", 1)) from None
 
     def _checked(self, ids, name: str, allow_empty: bool = False) -> torch.Tensor:
         try:

@@ -5,13 +5,12 @@ with the tied head (a self-speculative drafter) and, by default, the trained wei
 trimpass (``--drafter``), compiled with the same inner compiler plainly and through trimpass (zero
 configuration: the dynamic vocabulary with its learned core; and the context alone, without the
 learned core), in bf16 by default (``--dtype``), where the target verifies row-invariantly
-(:mod:`trimpass.hf.exact`) so the output is bit for bit its own decoding's.
-``generate`` is called as a user would, on ShareGPT prompts. Printed: draft ms per call, a
-per-round breakdown (draft ms + verify ms -> MAT), acceptance, tokens/s, and each drafter's speedup
-over the plain target run in turn with it, prompt by prompt (that target's tokens/s printed beside
-it), lossless ✓/✗, which model ran; a PNG shows the speedups, draft ms per call and MAT. If the model package is missing,
-a small random-weight Gemma-3 stands in, and the table says so.
-"""
+(:mod:`trimpass.hf.exact`) so the output is bit for bit its own decoding's. ``generate`` is called
+as a user would, on ShareGPT prompts. Printed: draft ms per call, a per-round breakdown (draft ms +
+verify ms -> MAT), acceptance, tokens/s, and each drafter's speedup over the plain target run in
+turn with it, prompt by prompt (that target's tokens/s printed beside it), lossless ✓/✗, which model
+ran; a PNG shows the speedups, draft ms per call and MAT. If the model package is missing, a small
+random-weight Gemma-3 stands in, and the table says so."""
 from __future__ import annotations
 
 import copy
@@ -87,7 +86,7 @@ def _state_ms(draft, device, reps: int = 256) -> float | None:
     (its successors if configured, admission into the batch-1 row, counting it for the learned
     core, and every ``LEARN_EVERY`` calls the learned core's re-ranking), timed over runs of
     ``LEARN_EVERY`` calls so the re-ranking is amortized exactly, on a copy of the state."""
-    from trimpass.state import LEARN_EVERY
+    from trimpass.dynamic.state import LEARN_EVERY
     st = trimpass.active_state(draft)
     if st is None:  # the pass did not run (TRIMPASS_DISABLE=1): no state to time
         return None

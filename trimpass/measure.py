@@ -49,6 +49,27 @@ def sync(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(dev)
 
 
+def timed(fn: Callable, *args, device: torch.device | str | None = None, **kwargs):
+    """``(fn(*args, **kwargs), seconds)`` of one call, the device's work waited for before and
+    after: the one synchronized timing; the stopwatch, the cost model and the engine glue use it."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def median_s_within(fn: Callable[[], object], share_s: float,
+                    device: torch.device | str | None = None, max_calls: int = 1000) -> float:
+    """Median seconds of :func:`timed` calls of ``fn()`` repeated while ``share_s`` lasts (at least
+    one call, at most ``max_calls``): for work too slow for :func:`median_ms`'s repetitions."""
+    start, samples = time.perf_counter(), []
+    while not samples or (time.perf_counter() - start + samples[-1] <= share_s
+                          and len(samples) < max_calls):
+        samples.append(timed(fn, device=device)[1])
+    return statistics.median(samples)
+
+
 def median_ms(fn: Callable[[], object], device: torch.device | str = "cpu", *,
               min_time_s: float = 0.2) -> float:
     """Median ms of one call of ``fn()`` (warm-up included, device work waited for).
@@ -147,11 +168,8 @@ class Stopwatch:
         self.ms: list[float] = [] if ms is None else ms
 
     def __call__(self, fn, *args, **kwargs):
-        sync(self.device)
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        sync(self.device)
-        self.ms.append((time.perf_counter() - t0) * 1e3)
+        out, seconds = timed(fn, *args, device=self.device, **kwargs)
+        self.ms.append(seconds * 1e3)
         return out
 
     @property

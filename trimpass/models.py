@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from trimpass.train.lowrank import add_pairs, is_lowrank_key, lowrank_pairs
+from trimpass.lowrank import add_pairs, is_lowrank_key, lowrank_pairs
 
 __all__ = ["gemma3_270m", "gemma3_270m_drafter", "drafter_beside", "drafter_from", "load_weights",
            "save_hf", "is_tied"]

@@ -12,40 +12,14 @@ fake-tensor tracing under the interpreter, and the CPU cache must stay opaque to
 """
 from __future__ import annotations
 
-import contextlib
-import os
 from collections import Counter
 
 import torch
 
 from trimpass import compact
+from trimpass.base import filled, softcap, threads, use_kernel, use_triton  # noqa: F401
 
 calls: Counter = Counter()  # real (non-fake) executions per op, for tests and stats
-_kernel_choice = os.environ.get("TRIMPASS_KERNEL", "auto")
-
-
-@contextlib.contextmanager
-def use_kernel(choice: str):
-    """Force ``"triton"`` or ``"torch"`` (or ``"auto"``) for calls inside the block."""
-    global _kernel_choice
-    if choice not in ("auto", "triton", "torch"):
-        raise ValueError(f"use_kernel: choice must be 'auto', 'triton' or 'torch', got {choice!r}")
-    old, _kernel_choice = _kernel_choice, choice
-    try:
-        yield
-    finally:
-        _kernel_choice = old
-
-
-def _use_triton(x: torch.Tensor) -> bool:
-    if _kernel_choice == "auto":
-        return x.is_cuda
-    if _kernel_choice == "triton" and not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("the Triton kernel on CPU tensors needs TRITON_INTERPRET=1 set before "
-                           "triton is imported; unset TRIMPASS_KERNEL to use the CPU path")
-    return _kernel_choice == "triton"
-
-
 def check_head_args(x, weight, bias, idx, count) -> int:
     """Check a head call's metadata; return G, the number of id groups. Raises before any launch."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -88,46 +62,6 @@ def _grouped(x, idx, count, G):
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
     return x3, idx.reshape(G, -1), count.reshape(G)
-
-
-def softcap(z: torch.Tensor, cap: float, inplace: bool = False) -> torch.Tensor:
-    """Soft-capping, ``cap * tanh(z / cap)`` (Gemma's final-logit capping); ``cap = 0`` returns
-    ``z`` as it is. trimpass's one definition: the ops, the kernel's reference and the tests."""
-    if not cap:
-        return z
-    if inplace:
-        return z.div_(cap).tanh_().mul_(cap)
-    return torch.tanh(z / cap) * cap
-
-
-class threads:
-    """Run the block with ``n`` torch threads (CPU), then restore the count. Small CPU ops run on
-    one thread on purpose: on a busy 2-core CPU an OpenMP region waits for a descheduled worker
-    (measured: a V-sized fill took up to 8 ms, against 14 us on one thread). A class, not a
-    generator: it sits on the head's hot path, where contextlib's wrapper costs 1.5 us a call."""
-    __slots__ = ("n", "before")
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __enter__(self) -> None:
-        self.before = torch.get_num_threads()
-        if self.n != self.before:
-            torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc) -> None:
-        if self.n != self.before:
-            torch.set_num_threads(self.before)
-
-
-def filled(shape, fill: float, like: torch.Tensor) -> torch.Tensor:
-    """A new tensor of ``shape`` holding ``fill``, with ``like``'s dtype and device (on CPU, on one
-    thread: a V-sized row is too little work to share)."""
-    out = torch.empty(shape, dtype=like.dtype, device=like.device)
-    if out.device.type != "cpu":
-        return out.fill_(fill)
-    with threads(1):
-        return out.fill_(fill)
 
 
 def _host_counts(cnt: torch.Tensor, cap: int) -> list[int]:
@@ -190,7 +124,7 @@ def _full_one(x, weight, bias, idx, count, scale, cap):
 
 def _compact_logits(x3, weight, bias, idx2, cnt, scale, cap):
     CAP = idx2.shape[1]
-    if _use_triton(x3):
+    if use_triton(x3):
         from trimpass.kernels import trimmed_head as kernel
         return kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=cap)
     counts = _host_counts(cnt, CAP)
@@ -226,20 +160,20 @@ def _head_full(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                idx: torch.Tensor, count: torch.Tensor, scale: float = 1.0,
                softcap: float = 0.0) -> torch.Tensor:
     """V-sized logits: exact on the active ids, ``-inf`` everywhere else."""
-    return _full_and_last(x, weight, bias, idx, count, scale, softcap)[0]
+    return full_and_last(x, weight, bias, idx, count, scale, softcap)[0]
 
 
-def _full_and_last(x, weight, bias, idx, count, scale, softcap):
+def full_and_last(x, weight, bias, idx, count, scale, softcap):
     """``head_full``'s output and, on the torch path, each id group's compact logits at its last
     position (``[G, n]``, junk past a group's count; None from the Triton kernel)."""
     G = check_head_args(x, weight, bias, idx, count)
     calls["head_full"] += 1
-    if G == 1 and not _use_triton(x):
+    if G == 1 and not use_triton(x):
         out, z = _full_one(x, weight, bias, idx, count, scale, softcap)
         return out, z[-1:]
     x3, idx2, cnt = _grouped(x, idx, count, G)
     V = weight.shape[0]
-    if _use_triton(x3):
+    if use_triton(x3):
         from trimpass.kernels import trimmed_head as kernel
         out = filled((G, x3.shape[1], V), float("-inf"), x)
         kernel.trimmed_head(x3, weight, idx2, cnt, bias, scale=scale, softcap=softcap, out=out,
@@ -252,7 +186,7 @@ def _full_and_last(x, weight, bias, idx, count, scale, softcap):
     return out.reshape(*x.shape[:-1], V), last
 
 
-def _head_full_fake(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
+def head_full_meta(x, weight, bias, idx, count, scale=1.0, softcap=0.0):
     check_head_args(x, weight, bias, idx, count)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
@@ -330,87 +264,33 @@ def _head_topk_fake(x, weight, bias, idx, count, k, scale=1.0, softcap=0.0):
 # as much as the whole matmul of a 1k-row head. No autograd kernel: graphs needing gradients are
 # never rewritten.
 _lib = torch.library.Library("trimpass", "DEF")
-_HEAD = "Tensor x, Tensor weight, Tensor? bias, Tensor idx, Tensor count"
+HEAD_ARGS = "Tensor x, Tensor weight, Tensor? bias, Tensor idx, Tensor count"
 _SCHEMAS = {
-    "head_compact": (f"({_HEAD}, float scale=1.0, float softcap=0.0) -> Tensor",
+    "head_compact": (f"({HEAD_ARGS}, float scale=1.0, float softcap=0.0) -> Tensor",
                      _head_compact, _head_compact_fake),
-    "head_full": (f"({_HEAD}, float scale=1.0, float softcap=0.0) -> Tensor",
-                  _head_full, _head_full_fake),
-    "head_topk": (f"({_HEAD}, int k, float scale=1.0, float softcap=0.0) -> (Tensor, Tensor)",
+    "head_full": (f"({HEAD_ARGS}, float scale=1.0, float softcap=0.0) -> Tensor",
+                  _head_full, head_full_meta),
+    "head_topk": (f"({HEAD_ARGS}, int k, float scale=1.0, float softcap=0.0) -> (Tensor, Tensor)",
                   _head_topk, _head_topk_fake),
     "scatter_full": ("(Tensor compact_values, Tensor idx, Tensor count, SymInt vocab_size, "
                      "float fill) -> Tensor", _scatter_full, _scatter_full_fake),
     "mask_inactive": ("(Tensor compact_values, Tensor idx, Tensor count, float fill) -> Tensor",
                       _mask_inactive, _mask_inactive_fake),
 }
-# The dynamic vocabulary's ops. Their buffers are private to the drafter's ActiveState, found by
-# its serial (passed in, functionalization would copy the request pool every step). `admit` returns
-# a new one-element token that the step's next admit, then `active`, takes: a data dependency that
-# orders them. It is not declared as a mutation of the token: under aot_autograd a mutable op runs
-# through auto_functionalized, which cost 0.2-0.3 ms a call inside a Gemma decode step here.
-def _admit(token, ids, pos, state: int) -> torch.Tensor:
-    from trimpass.state import owner
-    owner(state).admit(ids, pos)
-    return token + 1
 
 
-def _active(token, batch: int, capacity: int, state: int):
-    from trimpass.state import owner
-    return owner(state).active(batch)
+def register(lib: torch.library.Library, schemas: dict) -> None:
+    """Define each ``{name: (schema, impl, fake)}`` op in ``lib`` (CPU and CUDA alike)."""
+    for name, (schema, impl, fake) in schemas.items():
+        lib.define(name + schema)
+        lib.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"trimpass::{name}", fake, lib=lib)
 
 
-def _active_fake(token, batch, capacity, state):
-    return (token.new_empty((batch, capacity), dtype=torch.long),
-            token.new_empty((batch,), dtype=torch.int32))
-
-
-def _refresh(token, x, weight, bias, state: int) -> None:
-    from trimpass.state import owner
-    owner(state).refresh(x, weight, bias)
-    token.add_(1)
-
-
-def _head_full_escape(x, weight, bias, idx, count, state: int, scale: float = 1.0,
-                      softcap: float = 0.0):
-    """``head_full`` then the escape path (:mod:`trimpass.escape`) on its output, in place."""
-    from trimpass.escape import escape_step
-    from trimpass.state import owner
-    out, last = _full_and_last(x, weight, bias, idx, count, scale, softcap)
-    B = count.numel()
-    escape_step(owner(state), out, x, weight, bias, idx.reshape(B, -1), count.reshape(B),
-                scale, softcap, compact_last=last)
-    return out
-
-
-def _head_full_escape_fake(x, weight, bias, idx, count, state, scale=1.0, softcap=0.0):
-    return _head_full_fake(x, weight, bias, idx, count, scale, softcap)
-
-
-def _no_output(*args):
-    return None
-
-
-_SCHEMAS.update({
-    "admit": ("(Tensor token, Tensor ids, Tensor? pos, int state) -> Tensor", _admit,
-              lambda token, *args: torch.empty_like(token)),
-    "active": ("(Tensor token, int batch, int capacity, int state) -> (Tensor, Tensor)", _active,
-               _active_fake),
-    "refresh": ("(Tensor(a!) token, Tensor x, Tensor weight, Tensor? bias, int state) -> ()",
-                _refresh, _no_output),
-    "head_full_escape": (f"({_HEAD}, int state, float scale=1.0, float softcap=0.0) -> Tensor",
-                         _head_full_escape, _head_full_escape_fake),
-})
-for _name, (_schema, _impl, _fake) in _SCHEMAS.items():
-    _lib.define(_name + _schema)
-    _lib.impl(_name, _impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"trimpass::{_name}", _fake, lib=_lib)
-# A graph piece that looks tokens up but holds no head admits with no one reading the token: kept
-# from dead-code elimination (fx, aot_autograd and inductor all ask torch.fx's side-effect set).
-torch.fx.node.has_side_effect(torch.ops.trimpass.admit.default)
+register(_lib, _SCHEMAS)
 
 head_compact = torch.ops.trimpass.head_compact
 head_full = torch.ops.trimpass.head_full
-head_full_escape = torch.ops.trimpass.head_full_escape
 head_topk = torch.ops.trimpass.head_topk
 scatter_full = torch.ops.trimpass.scatter_full
 mask_inactive = torch.ops.trimpass.mask_inactive

@@ -4,6 +4,7 @@ import torch
 
 import trimpass
 from trimpass import ops
+from trimpass.config import Escape
 from trimpass.testing.models import Transformer
 
 V = 512
@@ -81,7 +82,7 @@ def test_batch_of_two_rows_has_per_row_vocabularies():
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = Transformer(V).eval()
-    c = trimpass.trim(m, refresh_every=0, learn_core=0, escape_rank=0, inner="aot_eager")
+    c = trimpass.trim(m, refresh_every=0, learn_core=0, escape=None, inner="aot_eager")
     ids = torch.tensor([[1, 2, 3], [7, 8, 9]])
     with torch.no_grad():
         out = c(ids)
@@ -92,7 +93,7 @@ def test_batch_of_two_rows_has_per_row_vocabularies():
 
 
 def test_zero_config_learns_its_core_from_earlier_requests():
-    from trimpass.state import LEARN_EVERY
+    from trimpass.dynamic.state import LEARN_EVERY
     torch._dynamo.reset()
     m, ref = _pair()
     c = trimpass.trim(m, learn_core=4, capacity=64, inner="aot_eager")
@@ -121,7 +122,7 @@ def test_rows_follow_requests_when_the_batch_size_changes():
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = _Lookup().eval()
-    c = torch.compile(m, backend=trimpass.backend(learn_core=0, escape_rank=0, inner="aot_eager"))
+    c = torch.compile(m, backend=trimpass.backend(learn_core=0, escape=None, inner="aot_eager"))
     seen = {}
     with torch.no_grad():
         for B in (2, 1, 3, 4):  # 1 is specialized by Dynamo, then 3 and 4 would share a
@@ -153,7 +154,7 @@ def test_a_graph_piece_without_the_head_still_admits(inner):
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = _BrokenLookup().eval()
-    c = torch.compile(m, backend=trimpass.backend(learn_core=0, escape_rank=0, inner=inner))
+    c = torch.compile(m, backend=trimpass.backend(learn_core=0, escape=None, inner=inner))
     with torch.no_grad(), pytest.warns(trimpass.TrimpassWarning, match="lookups still admit"):
         c(torch.tensor([[1]]))  # compiles both pieces; the first says it admits, not "unchanged"
     trimpass.reset(c)
@@ -204,10 +205,9 @@ def test_two_truncated_drafters_sharing_weights_have_their_own_state(escape_a):
     a = _Lookup().eval()
     b = _Lookup().eval()
     b.emb = a.emb  # one embedding and tied head, as two truncations of one model share
-    esc = dict(escape_rank=8, escape_topk=16, escape_gate=0.999) if escape_a else \
-        dict(escape_rank=0)
+    esc = dict(escape=Escape(rank=8, topk=16, gate=0.999) if escape_a else None)
     ca = trimpass.trim(a, learn_core=0, inner="aot_eager", **esc)
-    cb = trimpass.trim(b, learn_core=0, escape_rank=0, inner="aot_eager")
+    cb = trimpass.trim(b, learn_core=0, escape=None, inner="aot_eager")
     with torch.no_grad():
         oa, ob = ca(torch.tensor([[11, 12]])), cb(torch.tensor([[21, 22]]))
         oa2 = ca(torch.tensor([[13, 11]]))
@@ -277,8 +277,7 @@ def test_escape_path_through_the_compiled_drafter_is_exact_and_its_ids_stay_acti
         for t in (m, ref):
             t.output.weight.mul_(0.02)
     cm = torch.compile(m, backend=trimpass.backend(inner="aot_eager", learn_core=0, capacity=64,
-                                                   escape_rank=16, escape_topk=4,
-                                                   escape_gate=0.999), fullgraph=True)
+                                                   escape=Escape(16, 4, 0.999)), fullgraph=True)
     prompt = torch.randint(0, V, (1, 5))
     with torch.no_grad():
         out, ref_out = cm(prompt, torch.arange(5)), ref(prompt, torch.arange(5))

@@ -1,4 +1,6 @@
-"""trimpass.serving.head: a batch's trimmed logits with one shared copy, whole and vocab-sharded."""
+"""trimpass.serving.head: a batch's trimmed logits with one shared copy, whole and vocab-sharded;
+request rows that follow an engine's batch (bound, fed, released, rebuilt from a resumed request's
+own tokens), with no engine."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,3 +103,39 @@ def test_top_prob_is_each_rows_softmax_maximum(dtype, tol):
     torch.testing.assert_close(top, want, atol=tol, rtol=tol)
     torch.testing.assert_close(out.float()[torch.isfinite(ref)], ref[torch.isfinite(ref)],
                                atol=5e-2 if dtype == torch.bfloat16 else 1e-5, rtol=1e-2)
+
+
+def _engine_rows():
+    from trimpass.config import TrimConfig
+    from trimpass.dynamic.state import ActiveState
+    st = ActiveState(TrimConfig(capacity=64, learn_core=0, max_rows=4, escape=None).settings)
+    st.build(1000, "cpu")
+    return head.RequestRows(st)
+
+
+def _row_ids(rows, rid):
+    st = rows.state
+    r = st.requests[rid]
+    return set(st.idx[r, :int(st.count[r])].tolist())
+
+
+def test_request_rows_follow_the_batch_and_never_mix_requests():
+    rows = _engine_rows()
+    toks = {"a": list(range(100, 110)), "b": list(range(200, 205))}  # disjoint id ranges
+    seq = lambda rid: lambda i, lo, hi: torch.tensor(toks[rid][lo:hi])  # noqa: E731
+    order = ["a", "b"]
+    rows.follow(order, [len(toks[r]) for r in order], lambda i, lo, hi: seq(order[i])(i, lo, hi))
+    assert _row_ids(rows, "a") == set(toks["a"]) and _row_ids(rows, "b") == set(toks["b"])
+    toks["a"] += [111, 112]  # a gained two tokens
+    rows.follow(order, [len(toks[r]) for r in order], lambda i, lo, hi: seq(order[i])(i, lo, hi))
+    assert _row_ids(rows, "a") == set(toks["a"])
+    order = ["b"]  # a left the batch (finished or preempted)
+    rows.follow(order, [len(toks["b"])], lambda i, lo, hi: seq("b")(i, lo, hi))
+    assert "a" not in rows.state.requests and rows.live == 1
+    order = ["c", "b", "a"]  # a new request takes a's old row; a resumes in another
+    toks["c"] = list(range(300, 303))
+    rows.follow(order, [len(toks[r]) for r in order], lambda i, lo, hi: seq(order[i])(i, lo, hi))
+    for rid in order:
+        assert _row_ids(rows, rid) == set(toks[rid]), rid
+    rows.follow([], [], None)
+    assert rows.live == 0

@@ -106,3 +106,15 @@ def test_bad_budget_settings_fail_before_serving(tmp_path, any_vllm, gamma, budg
     with pytest.raises(ValueError, match=match):
         tv.engine_args(t, d, gamma, budget=budget)
     assert not (tmp_path / "d" / tv.SETTINGS_FILE).exists()  # nothing written for the workers
+
+
+@pytest.mark.parametrize("key", ["escape", "escape_rank", "refresh_every"])
+def test_a_setting_the_route_cannot_run_is_refused_by_name(tmp_path, any_vllm, key):
+    t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
+    with pytest.raises(TrimpassError, match=rf"^{key}: vLLM's route"):
+        tv.engine_args(t, d, **{key: 4})
+    assert not (tmp_path / "d" / tv.SETTINGS_FILE).exists()
+
+
+def test_the_engine_runs_without_the_escape_path():
+    assert tv.checked_config({}, 100).settings.escape is None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -174,27 +173,18 @@ class CostTable:
                    alpha=d.get("alpha", 0.2))
 
 
-def _once(call: Callable[[], object], device) -> float:
-    _m.sync(device)
-    t0 = time.perf_counter()
-    call()
-    _m.sync(device)
-    return time.perf_counter() - t0
-
-
 def _median_s(call: Callable[[], object], share_s: float, device) -> float:
     """Seconds per call within about ``share_s``: one synchronized call first (warm-up and an
     estimate); where the share holds ten more, ``trimpass.measure.median_ms`` over what is left;
     else the median of synchronized calls repeated while the share lasts (at least one)."""
     t0 = time.perf_counter()
-    first = _once(call, device)
+    first = _m.timed(call, device=device)[1]
     left = share_s - (time.perf_counter() - t0)
     if left >= max(10 * first, 0.02):
         return _m.median_ms(call, device, min_time_s=(left - first) / 2) / 1e3
-    samples = [first]
-    while time.perf_counter() - t0 + first <= share_s and len(samples) < 1000:
-        samples.append(_once(call, device))
-    return statistics.median(samples[1:] or samples)
+    if left < first:
+        return first
+    return _m.median_s_within(call, left, device)
 
 
 def measure(fn: Callable[[int, int], object], batches: Sequence[int], drafts: Sequence[int], *,

@@ -3,13 +3,12 @@
 :class:`Index` is what :func:`trimpass.graph.rewrite.rewrite` calls: ``nodes`` inserts the nodes
 that give the head its active ids, ``before_head`` may add work before each rewritten head, and
 ``admit_only`` handles a graph piece that looks tokens up but has no head, and ``full_head`` may
-replace the full-vocabulary head op (the dynamic mode's escape path). :class:`StaticIndex`
-registers a fixed id list as buffers of the rewritten module. :class:`DynamicIndex` splices the
-drafter's :class:`~trimpass.state.ActiveState` in: ``trimpass::admit`` at each token-id lookup (a
+replace the full-vocabulary head op (the dynamic mode's escape path). :class:`StaticIndex` registers
+a fixed id list as buffers of the rewritten module. :class:`DynamicIndex` splices the drafter's
+:class:`~trimpass.dynamic.state.ActiveState` in: ``trimpass::admit`` at each token-id lookup (a
 graph input named like a position, ``position_ids`` / ``cache_position`` / ``input_pos``, is passed
 along so a row whose positions start at 0 starts a new request) and ``trimpass::active`` for the
-rows the head reads; only the state's serial and its one-element ordering token enter the graph.
-"""
+rows the head reads; only the state's serial and its one-element ordering token enter the graph."""
 from __future__ import annotations
 
 import operator
@@ -134,7 +133,7 @@ class DynamicIndex(Index):
 
     def full_head(self, gm, at, x, weight, bias, idx, count):
         """With the escape path on, ``head_full_escape``: the head, then the escape path."""
-        if not self.state.settings.escape_rank:
+        if self.state.settings.escape is None:
             return None
         with gm.graph.inserting_before(at):
             return gm.graph.call_function(torch.ops.trimpass.head_full_escape.default, (

@@ -53,7 +53,8 @@ def _shape(node):
     return tuple(v.shape) if isinstance(v, torch.Tensor) else None
 
 
-def _target(node: fx.Node):
+def node_target(node: fx.Node):
+    """A call node's function or method name; None for any other node."""
     return node.target if node.op == "call_function" else (
         node.target if node.op == "call_method" else None)
 
@@ -88,7 +89,7 @@ def _transposed_source(node) -> fx.Node | None:
     W."""
     if not isinstance(node, fx.Node):
         return None
-    t, a = _target(node), node.args
+    t, a = node_target(node), node.args
     if t is getattr and len(a) == 2 and a[1] in ("T", "mT"):
         return a[0]
     if t in ("t", torch.t) and len(a) == 1:
@@ -114,8 +115,9 @@ def _dequantized_source(node, gm, example_inputs) -> fx.Node | None:
     if _is_param(node, gm):
         w = tensor_of(node, gm, example_inputs)
         return node if isinstance(w, torch.Tensor) and not w.is_floating_point() else None
-    if not isinstance(node, fx.Node) or not (node.target in DEQUANT_FNS if node.op ==
-                                             "call_function" else _target(node) in DEQUANT_METHODS):
+    if not isinstance(node, fx.Node) or not (
+            node.target in DEQUANT_FNS if node.op == "call_function"
+            else node_target(node) in DEQUANT_METHODS):
         return None
     return next((q for a in node.args if (q := _dequantized_source(a, gm, example_inputs))),
                 None)
@@ -123,7 +125,7 @@ def _dequantized_source(node, gm, example_inputs) -> fx.Node | None:
 
 def linear_like(node: fx.Node, gm: fx.GraphModule, example_inputs=None) -> Head | None:
     """The (x, weight, bias) of a projection node, or None when it is not one."""
-    t, a = _target(node), node.args
+    t, a = node_target(node), node.args
     kw = node.kwargs
     if node.op == "call_module":
         mod = gm.get_submodule(node.target)
@@ -208,7 +210,7 @@ def _other_operand_ok(arg, chain: set) -> bool:
 
 def _classify(user: fx.Node, src: fx.Node, chain: set, kinds: dict) -> tuple[str, str | None]:
     """How an epilogue user of logits node ``src`` is handled: ("chain"|"sink"|"output", reason)."""
-    t = _target(user)
+    t = node_target(user)
     kind = kinds[src]
     if user.op == "output":
         return "output", None
@@ -298,7 +300,7 @@ def find_heads(gm: fx.GraphModule, example_inputs=None, vocab_size: int | None =
             if how == "chain":
                 chain.add(n)
                 order.append(n)
-                kinds[n] = SOFTMAX.get(_target(n), kinds[srcs[0]])
+                kinds[n] = SOFTMAX.get(node_target(n), kinds[srcs[0]])
             elif how == "sink":
                 sinks.append(n)
             elif how != "output":

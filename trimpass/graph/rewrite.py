@@ -26,8 +26,8 @@ from trimpass.graph.match import (
     SOFTMAX,
     STACK,
     Match,
-    _target,
     find_heads,
+    node_target,
     tensor_of,
 )
 
@@ -120,7 +120,7 @@ def _mask_before_softmax(graph: fx.Graph, m: Match, idx, count, kinds: dict, cle
     for n in m.chain:
         if n in clean or n.graph is not graph:
             continue
-        if _target(n) in SOFTMAX:
+        if node_target(n) in SOFTMAX:
             src = n.args[0]
             if not clean.get(src):
                 with graph.inserting_before(n):
@@ -129,7 +129,7 @@ def _mask_before_softmax(graph: fx.Graph, m: Match, idx, count, kinds: dict, cle
                 n.replace_input_with(src, masked)
             clean[n] = True
         else:
-            clean[n] = _target(n) in KEEPS_INF and all(
+            clean[n] = node_target(n) in KEEPS_INF and all(
                 clean.get(a) for a in n.all_input_nodes if a in kinds)
 
 
@@ -140,7 +140,7 @@ def _rewrite_sinks(graph: fx.Graph, m: Match, idx, count, clean: dict) -> None:
         with graph.inserting_before(s):
             if not clean.get(src):
                 src = graph.call_function(ops.mask_inactive.default, (src, idx, count, NEG_INF))
-            if _target(s) in ARGMAX:
+            if node_target(s) in ARGMAX:
                 keepdim = s.kwargs.get("keepdim", s.args[2] if len(s.args) > 2 else False)
                 new = graph.call_function(_argmax_ids, (src, idx, keepdim))
             else:

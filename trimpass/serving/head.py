@@ -1,24 +1,32 @@
-"""A batch's trimmed logits over one vocabulary shard, with one weight copy shared by every row.
+"""Engine-neutral serving: request rows that follow an engine's batch (:class:`RequestRows`), and a
+batch's trimmed logits over one vocabulary shard, with one weight copy shared by every row. An
+engine adapter (:mod:`trimpass.serving.vllm_hooks`) only says which requests are in the batch and
+where their tokens are.
 
-An engine's batch holds many requests, each with its own active ids (``idx[B, CAP]``, ``count[B]``
-from :class:`trimpass.state.ActiveState`). Giving each row its own compact copy of its weight rows
-would cost ``B x CAP x d`` floats (671 MB at 64 rows, capacity 4,096, d = 640, fp32), so
-:func:`trimmed_logits` takes the union of the rows' ids that fall in this shard, runs trimpass's
-``trimpass::head_compact`` op once over it (its cached compact copy is shared by the rows, padded to
-a power-of-two bucket so the cache entry is stable) and places each row's own logits into a row of
-``-inf``: a row's finite logits are exactly its active ids, never another request's. A weight's
-bucket only grows (no re-gather when the union hovers at a boundary) and its smaller buckets'
-copies are dropped; a union over ``MAX_UNION`` ids falls back to the plain head (exact, no copy).
-So the copy is at most ``MAX_UNION x d`` per head (168 MB at d = 640, fp32). A vocabulary-sharded
-head (tensor parallelism) passes its shard's rows and ``start``; concatenating the shards' outputs
-gives the unsharded result.
-"""
+:class:`RequestRows` binds each request id to a row of the drafter's
+:class:`~trimpass.dynamic.state.ActiveState` when it first enters the batch (the row rebuilt from
+the request's tokens so far, so a resumed request drafts from its own ids only), admits the tokens
+each request has gained since the last step, and releases the rows of requests that left the batch
+(finished, aborted or preempted).
+
+An engine's batch holds many requests, each with its own active ids (``idx[B, CAP]``, ``count[B]``).
+Giving each row its own compact copy of its weight rows would cost ``B x CAP x d`` floats (671 MB at
+64 rows, capacity 4,096, d = 640, fp32), so :func:`trimmed_logits` takes the union of the rows' ids
+that fall in this shard, runs trimpass's ``trimpass::head_compact`` op once over it (its cached
+compact copy is shared by the rows, padded to a power-of-two bucket so the cache entry is stable)
+and places each row's own logits into a row of ``-inf``: a row's finite logits are exactly its
+active ids, never another request's. A weight's bucket only grows (no re-gather when the union
+hovers at a boundary) and its smaller buckets' copies are dropped; a union over ``MAX_UNION`` ids
+falls back to the plain head (exact, no copy). So the copy is at most ``MAX_UNION x d`` per head
+(168 MB at d = 640, fp32). A vocabulary-sharded head (tensor parallelism) passes its shard's rows
+and ``start``; concatenating the shards' outputs gives the unsharded result."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from trimpass import compact, ops
+from trimpass.dynamic.state import ActiveState
 
 MAX_UNION = 65_536  # ids in one shared compact copy; beyond it, the plain head
 MIN_BUCKET = 256
@@ -34,8 +42,7 @@ def _bucket(weight: torch.Tensor, n: int) -> int:
         b *= 2
     if b != _buckets.get(key):
         _buckets[key] = b
-        for k in [k for k in compact._cache if k[0] == key and k[6] != b]:
-            del compact._cache[k]
+        compact.forget(weight, b)
     return b
 
 
@@ -89,3 +96,50 @@ def trimmed_logits(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, cou
         vals = vals * scale
     out[rowof, local] = vals
     return (out, U, top_prob(vals, rowof, B)) if with_top else (out, U)
+
+
+class RequestRows:
+    """The rows of one drafter's requests; ``state`` is None in the static mode (no rows)."""
+
+    def __init__(self, state: ActiveState | None):
+        self.state = state
+        self.admitted: dict = {}  # request id -> tokens admitted so far
+
+    def follow(self, req_ids: list, lengths: list[int], tokens) -> None:
+        """The batch is now ``req_ids``, request ``i`` holding ``lengths[i]`` tokens (drafts
+        excluded); ``tokens(i, start, end)`` returns its tokens ``[start, end)`` (a 1-D array or
+        tensor). Releases the rows of requests no longer in the batch, binds new ones (each row
+        built from its own tokens, which also count for the learned core), and admits each other
+        request's new tokens into its own row."""
+        st = self.state
+        if st is None:
+            return
+        live = set(req_ids)
+        for rid in [r for r in st.requests if r not in live]:
+            self.release(rid)
+        new = {rid: torch.as_tensor(tokens(i, 0, lengths[i])) for i, rid in enumerate(req_ids)
+               if rid not in st.requests}
+        st.bind(req_ids, tokens=new)
+        for i, rid in enumerate(req_ids):
+            n = lengths[i]
+            if rid in new:
+                if n:
+                    st.learn(new[rid].long().to(st.freq.device))
+                self.admitted[rid] = n
+                continue
+            a = min(self.admitted.get(rid, 0), n)
+            if n > a:
+                toks = torch.as_tensor(tokens(i, a, n)).long()[None]
+                row = torch.tensor([st.requests[rid]], device=st.idx.device)
+                st.admit(toks.to(st.idx.device), None, learn=True, rows=row)
+            self.admitted[rid] = n
+
+    def release(self, rid) -> None:
+        """A request left (finished, aborted or preempted): its row becomes free."""
+        if self.state is not None:
+            self.state.release(rid)
+        self.admitted.pop(rid, None)
+
+    @property
+    def live(self) -> int:
+        return 0 if self.state is None else len(self.state.requests)

@@ -16,16 +16,23 @@ from __future__ import annotations
 import json
 import os
 
-from trimpass.config import TrimConfig, TrimpassError, disabled
+from trimpass.config import TrimpassError, disabled
 from trimpass.serving.vllm_budget import POLICIES
 from trimpass.serving.vllm_budget import check_settings as check_budget
+from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face keeps these names)
+    ENV,
+    EXTRA_KEYS,
+    KEYS,
+    RUNS,
+    SETTINGS_FILE,
+    checked_config,
+    hf_config,
+    resolve,
+    resolve_budget,
+    vocab_size,
+)
 
 TESTED_VERSION = "0.32.0"
-SETTINGS_FILE = "trimpass.json"
-ENV = "TRIMPASS_VLLM"
-# TrimConfig's settings that mean something in an engine; the rest (the compiler's) do not apply.
-KEYS = ("vocab", "keep", "capacity", "core", "learn_core", "successors", "max_rows")
-EXTRA_KEYS = ("check", "log_interval")  # check: verify every call (tests); log every N seconds
 EXTRA_HINT = "pip install 'trimpass[vllm]'"
 
 
@@ -45,63 +52,6 @@ def check_version(version: str | None = None) -> None:
         raise RuntimeError(f"trimpass: trimming in vLLM was tested with vllm {TESTED_VERSION} "
                            f"only, this is vllm {version}; install {EXTRA_HINT} (pins "
                            f"{TESTED_VERSION}) or set TRIMPASS_DISABLE=1 to serve untrimmed")
-
-
-def _config(checkpoint: str) -> dict:
-    with open(os.path.join(checkpoint, "config.json")) as f:
-        return json.load(f)
-
-
-def vocab_size(checkpoint: str) -> int:
-    """The vocabulary size in a Hugging Face checkpoint directory's ``config.json``."""
-    cfg = _config(checkpoint)
-    V = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
-    if not isinstance(V, int):
-        raise ValueError(f"{checkpoint}/config.json: no vocab_size")
-    return V
-
-
-def checked_config(settings: dict, V: int) -> TrimConfig:
-    """The settings as a validated :class:`TrimConfig` for a head of ``V`` rows."""
-    unknown = sorted(set(settings) - set(KEYS) - set(EXTRA_KEYS))
-    if unknown:
-        raise TrimpassError(f"{unknown[0]}: not a trimpass setting for vLLM; use {', '.join(KEYS)}"
-                            f" (or {', '.join(EXTRA_KEYS)})")
-    cfg = TrimConfig(**{k: v for k, v in settings.items() if k in KEYS}, vocab_size=V)
-    cfg.settings.check_vocab_size(V)
-    return cfg
-
-
-def resolve(drafter_dir: str | None) -> dict | None:
-    """The trim settings a worker uses, or None when trimming is off: ``TRIMPASS_DISABLE=1``
-    wins, then ``TRIMPASS_VLLM`` (``0``/``1`` or a JSON object), then ``trimpass.json`` beside the
-    drafter checkpoint (``{"trim": false}`` turns it off)."""
-    if disabled():
-        return None
-    env = os.environ.get(ENV, "").strip()
-    if env:
-        if env in ("0", "false"):
-            return None
-        return {} if env in ("1", "true") else dict(json.loads(env))
-    if not drafter_dir or not os.path.isfile(os.path.join(drafter_dir, SETTINGS_FILE)):
-        return None
-    d = _settings_file(drafter_dir)
-    d.pop("budget", None)
-    return d if d.pop("trim", True) else None
-
-
-def _settings_file(drafter_dir: str) -> dict:
-    with open(os.path.join(drafter_dir, SETTINGS_FILE)) as f:
-        return dict(json.load(f))
-
-
-def resolve_budget(drafter_dir: str | None) -> dict | None:
-    """The D-Cut settings a worker uses (``budget`` in ``trimpass.json``), or None: off with
-    ``TRIMPASS_DISABLE=1`` or without the file or the key. Independent of trimming."""
-    if disabled() or not drafter_dir or not os.path.isfile(os.path.join(drafter_dir,
-                                                                          SETTINGS_FILE)):
-        return None
-    return _settings_file(drafter_dir).get("budget")
 
 
 def _budget_settings(budget) -> dict | None:
@@ -160,7 +110,7 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
                                    "num_speculative_tokens": int(num_speculative_tokens)}}
     # vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group; a hybrid
     # sliding/full target (Gemma 3) splits them unless the hybrid KV-cache manager is off
-    if len(set(_config(target_dir).get("layer_types") or ())) > 1:
+    if len(set(hf_config(target_dir).get("layer_types") or ())) > 1:
         args["disable_hybrid_kv_cache_manager"] = True
     return args
 
@@ -171,7 +121,9 @@ def stats(llm) -> dict:
     (live request rows), ``mean_active`` (active ids per request row per call), ``mean_union``
     (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming),
     ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
-    ``check`` setting also ``checked`` and ``violations``. All zero when nothing trims."""
+    ``check`` setting also ``checked`` and ``violations``; ``runs``: what this route runs where it
+    differs from :class:`trimpass.TrimConfig`'s defaults (no escape path, no refresh). All zero when
+    nothing trims."""
     every = [s for s in llm.collective_rpc("trimpass_stats") if s]
     got = [s for s in every if "calls" in s]
     out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
@@ -183,6 +135,7 @@ def stats(llm) -> dict:
     out["mean_union"] = out.pop("union_sum") / max(out["calls"], 1)
     out["bytes_per_row"] = max((s.get("bytes_per_row", 0) for s in got), default=0)
     out["max_abs_err"] = max((s.get("max_abs_err", 0.0) for s in got), default=0.0)
+    out["runs"] = dict(RUNS)  # the engine's own defaults, where they differ from TrimConfig's
     budgets = [s["budget"] for s in every if "budget" in s]
     if budgets:  # the driver worker's: its drafts are the ones the scheduler takes
         out["budget"] = budgets[0]

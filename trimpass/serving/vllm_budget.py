@@ -27,53 +27,14 @@ import numpy as np
 import torch
 
 from trimpass import measure as _m
-from trimpass.budget import CostTable, dcut, draft_more, next_step_pays
+from trimpass.base import softmax_max
+from trimpass.budget import CostTable
 from trimpass.budget.calibration import Calibration
-
-POLICIES = ("dcut", "all-or-nothing", "fixed", "off")
+from trimpass.budget.policies import POLICIES, check_settings, make  # noqa: F401  (vllm.py's)
 
 
 class _StopDrafting(Exception):
     """Raised inside a proposal's drafting loop to end it before the next drafter forward."""
-
-
-def check_settings(settings: dict, gamma_max: int) -> dict:
-    """The budget settings, checked against the engine's draft length ``gamma_max``."""
-    if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
-        raise ValueError(f"num_speculative_tokens: D-Cut needs a draft length >= 1 (gamma_max), "
-                         f"got {gamma_max!r}")
-    s = dict(settings)
-    unknown = sorted(set(s) - {"policy", "gamma", "buckets", "measure_s", "table"})
-    if unknown:
-        raise ValueError(f"budget: unknown setting {unknown[0]!r}; use policy, gamma, buckets, "
-                         "measure_s, table")
-    if s.get("table") is not None:
-        try:
-            CostTable.from_dict(s["table"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"budget table: a CostTable.to_dict() of measured seconds is "
-                             f"needed: {e}") from None
-    policy = s.setdefault("policy", "dcut")
-    if policy not in POLICIES:
-        raise ValueError(f"budget policy: {policy!r} is not one of {', '.join(POLICIES)}")
-    gamma = s.get("gamma")
-    if policy == "fixed":
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= gamma_max:
-            raise ValueError(f"budget gamma: the fixed policy needs an integer 1..{gamma_max} "
-                             f"(num_speculative_tokens), got {gamma!r}")
-    elif gamma is not None:
-        raise ValueError(f"budget gamma: only the fixed policy takes a draft length; {policy!r} "
-                         "drafts up to num_speculative_tokens")
-    buckets = s.get("buckets")
-    if buckets is not None:
-        if policy != "dcut":
-            raise ValueError("budget buckets: only the dcut policy takes buckets")
-        dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=buckets)  # dcut's own checks
-    m = s.setdefault("measure_s", 10.0)
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 30:
-        raise ValueError(f"budget measure_s: the start-up measurement's seconds, in (0, 30], got "
-                         f"{m!r}")
-    return s
 
 
 def _grid(top: int) -> list[int]:
@@ -99,7 +60,7 @@ class Budget:
             raise RuntimeError("trimpass budget: vLLM's async scheduling cannot take drafts of "
                                "varying length; start the engine with async_scheduling=False")
         self.gamma_max = int(proposer.num_speculative_tokens)
-        self.settings = check_settings(settings, self.gamma_max)
+        self.policy = make(settings, self.gamma_max)
         self.model_key = f"{cfg.model_config.model}:{cfg.model_config.dtype}"
         self.max_seqs = int(cfg.scheduler_config.max_num_seqs)
         self.table: CostTable | None = None
@@ -118,9 +79,13 @@ class Budget:
         self.calibration = Calibration()
         self._sent: dict = {}  # request id -> raw prefix scores of the drafts it sent to verify
 
+    @property
+    def settings(self) -> dict:
+        return self.policy.settings
+
     def set(self, settings: dict) -> None:
         """A new policy; its counters start from zero, the cost model and timings are kept."""
-        self.settings = check_settings(settings, self.gamma_max)
+        self.policy = make(settings, self.gamma_max)
         measured = self.counts["cost_measurements"]
         for c in (self.counts, self.kept, self.depth):
             c.clear()
@@ -146,15 +111,9 @@ class Budget:
                 t0 = time.perf_counter()
                 for i, n in enumerate(ns):
                     share = max(budget_s - (time.perf_counter() - t0), 0.0) / (len(ns) - i)
-                    reps, start = [], time.perf_counter()
-                    while not reps or (time.perf_counter() - start + reps[-1] <= share
-                                       and len(reps) < 5):
-                        _m.sync(device)
-                        t = time.perf_counter()
-                        runner._dummy_run(n, force_attention=True)
-                        _m.sync(device)
-                        reps.append(time.perf_counter() - t)
-                    times.append(sorted(reps)[len(reps) // 2])
+                    times.append(_m.median_s_within(
+                        lambda n=n: runner._dummy_run(n, force_attention=True), share, device,
+                        max_calls=5))
             finally:
                 del drafter.dummy_run
             return {"tokens": ns, "seconds": times}
@@ -208,7 +167,7 @@ class Budget:
             ids, probs = logits.argmax(dim=-1), None
             conf = getattr(trimmer, "top", None)  # from the rows' own logits, no V-wide pass
             if conf is None or conf.shape[0] != ids.shape[0]:
-                conf = torch.softmax(logits, dim=-1, dtype=torch.float32).max(dim=-1).values
+                conf = softmax_max(logits)
         self._ids.append(ids)
         if probs is not None:
             self._probs.append(probs)
@@ -222,19 +181,14 @@ class Budget:
         return ids, probs
 
     def _stop_after(self, d: int) -> bool:
-        policy = self.settings["policy"]
-        if policy == "fixed":
-            return d >= self.settings["gamma"]
-        if policy != "dcut" or self.table is None or self.step_s is None:
-            return False
-        conf = self.calibration.confidences(torch.stack(self._conf, dim=1).cpu())
-        active = draft_more(conf, self.table, self.step_s, gamma_max=int(self._gamma_run),
-                            draft_time_base=self.first_s)
-        self._stopped = ~active.to(self._conf[-1].device)
-        if not bool(active.any()):
-            return True
-        conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
-        return not next_step_pays(conf, self.table, self._t[-1] - self._t[0], self.step_s)
+        conf = None
+        if self.policy.reads_confidence and self.table is not None and self.step_s is not None:
+            conf = self.calibration.confidences(torch.stack(self._conf, dim=1).cpu())
+        stop, active = self.policy.stop(conf, d, int(self._gamma_run), self.table, self.step_s,
+                                        self.first_s, self._t[-1] - self._t[0])
+        if active is not None:
+            self._stopped = ~active.to(self._conf[-1].device)
+        return stop
 
     def observe_acceptance(self, req_ids, sampled) -> None:
         """What the target accepted of the drafts sent last step: ``sampled`` holds each request's
@@ -263,14 +217,11 @@ class Budget:
         self.first_s = _ema(self.first_s, t[1] - t[0])
         if d > 1:
             self.step_s = _ema(self.step_s, (t[-1] - t[1]) / (d - 1))
-        policy = self.settings["policy"]
         raw = torch.stack(self._conf, dim=1).cpu().double() if d else torch.zeros(B, 0)
-        if policy in ("off", "fixed") or self.table is None or B == 0 or d == 0:
+        if not self.policy.reads_confidence or self.table is None or B == 0 or d == 0:
             n = torch.full((B,), d, dtype=torch.long)
         else:
-            conf = self.calibration.confidences(raw)
-            buckets = [B * d] if policy == "all-or-nothing" else self.settings.get("buckets")
-            n = dcut(conf, self.table, draft_time=t[-1] - t[0], buckets=buckets)
+            n = self.policy.keep(self.calibration.confidences(raw), self.table, t[-1] - t[0])
         rows, lengths = draft.cpu().tolist(), n.tolist()
         kept = [row[:k] for row, k in zip(rows, lengths, strict=True)]
         if req_ids is not None:
@@ -285,7 +236,7 @@ class Budget:
         return kept
 
     def stats(self) -> dict:
-        return {"policy": self.settings["policy"], "gamma": self.settings.get("gamma"),
+        return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
                 **dict(self.counts), "kept": dict(self.kept), "depth": dict(self.depth),
                 "table": None if self.table is None else self.table.to_dict()}
 

@@ -1,31 +1,31 @@
 """The glue inside vLLM 0.32's worker processes: request rows that follow the model runner's batch,
 and the drafter's logits from trimpass's trimmed head.
 
-:func:`install` (called by the plugin in every process) wraps three things, each a plain
-delegation until a drafter trims: ``SpecDecodeBaseProposer.load_model`` (after loading, a drafter
-whose settings ask for it gets a :class:`Trimmer`: its model's ``compute_logits`` is replaced on
-that instance only, so the target's head, even a shared ``lm_head`` module, is never touched),
+:func:`install` (called by the plugin in every process) wraps three things, each a plain delegation
+until a drafter trims: ``SpecDecodeBaseProposer.load_model`` (after loading, a drafter whose
+settings ask for it gets a :class:`Trimmer`: its model's ``compute_logits`` is replaced on that
+instance only, so the target's head, even a shared ``lm_head`` module, is never touched),
 ``GPUModelRunner.propose_draft_token_ids`` (which the CPU runner inherits: before each proposal the
-trimmer binds the input batch's request ids to rows of its :class:`trimpass.state.ActiveState`,
-releases rows of requests no longer in the batch (finished or preempted; a resumed request
-rebuilds its row from its tokens) and admits each request's new tokens), and a
-``trimpass_stats`` method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has
-one row per ``max_num_seqs``; a smaller ``max_rows`` is a start-up error. A drafter with budget
-settings also gets a :class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's
-``execute_model`` is timed for its cost model (measured before the engine's first step), each
-proposal is cut into per-request lists, and ``trimpass_budget`` switches its policy.
-"""
+trimmer binds the input batch's request ids to rows of its
+:class:`trimpass.dynamic.state.ActiveState`, releases rows of requests no longer in the batch
+(finished or preempted; a resumed request rebuilds its row from its tokens) and admits each
+request's new tokens), and a ``trimpass_stats`` method on vLLM's workers for
+:func:`trimpass.serving.vllm.stats`. The pool has one row per ``max_num_seqs``; a smaller
+``max_rows`` is a start-up error. A drafter with budget settings also gets a
+:class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's ``execute_model`` is timed for
+its cost model (measured before the engine's first step), each proposal is cut into per-request
+lists, and ``trimpass_budget`` switches its policy."""
 from __future__ import annotations
 
 import time
 
 import torch
 
-from trimpass.measure import sync
-from trimpass.serving import vllm as front
-from trimpass.serving.head import trimmed_logits
+from trimpass.dynamic.state import ActiveState
+from trimpass.measure import timed
+from trimpass.serving import vllm_settings as front
+from trimpass.serving.head import RequestRows, trimmed_logits
 from trimpass.serving.vllm_budget import Budget
-from trimpass.state import ActiveState
 
 _installed = False
 _proposals = [0, 0.0]  # proposals and their seconds in this process, trimmed or not (benchmarks)
@@ -74,7 +74,7 @@ class Trimmer:
             self.state = None
             idx, cnt = self.cfg.settings.index(V, weight.device)
             self.static = (idx, cnt)
-        self.admitted: dict = {}  # request id -> tokens admitted so far
+        self.rows = RequestRows(self.state)
         self.batch: list | None = None  # request ids of the proposal under way
         self.calls = self.fallbacks = self.steps = self.checked = self.violations = 0
         self.active_sum = self.row_calls = self.union_sum = 0
@@ -96,26 +96,8 @@ class Trimmer:
         self.batch, self.steps = req_ids, self.steps + 1
         if self.state is None:
             return
-        st, live = self.state, set(req_ids)
-        for rid in [r for r in st.requests if r not in live]:  # finished or preempted
-            st.release(rid)
-            self.admitted.pop(rid, None)
         n = [int(ib.num_tokens_no_spec[i]) for i in range(len(req_ids))]
-        new = {rid: torch.from_numpy(ib.token_ids_cpu[i, :n[i]].copy())
-               for i, rid in enumerate(req_ids) if rid not in st.requests}
-        st.bind(req_ids, tokens=new)
-        for i, rid in enumerate(req_ids):
-            if rid in new:
-                if n[i]:
-                    st.learn(new[rid].long().to(st.freq.device))
-                self.admitted[rid] = n[i]
-                continue
-            a = min(self.admitted.get(rid, 0), n[i])
-            if n[i] > a:
-                toks = torch.from_numpy(ib.token_ids_cpu[i, a:n[i]].copy()).long()[None]
-                row = torch.tensor([st.requests[rid]], device=st.idx.device)
-                st.admit(toks.to(st.idx.device), None, learn=True, rows=row)
-            self.admitted[rid] = n[i]
+        self.rows.follow(req_ids, n, lambda i, a, b: ib.token_ids_cpu[i, a:b].copy())
         if self.log_interval and time.monotonic() - self._last_log > self.log_interval:
             self._last_log = time.monotonic()
             s = self.stats()
@@ -246,11 +228,9 @@ def install() -> None:
             return execute(self, scheduler_output, *args, **kwargs)
         if b.table is None:
             b.measure_cost(self)
-        sync(self.device)  # a no-op on CPU; the budget's steps read the host anyway
-        t0 = time.perf_counter()
-        out = execute(self, scheduler_output, *args, **kwargs)
-        sync(self.device)
-        b.observe_step(scheduler_output, time.perf_counter() - t0)
+        # the syncs are no-ops on CPU; the budget's steps read the host anyway
+        out, seconds = timed(execute, self, scheduler_output, *args, device=self.device, **kwargs)
+        b.observe_step(scheduler_output, seconds)
         return out
 
     def trimpass_stats(self):

@@ -9,13 +9,15 @@ from __future__ import annotations
 import torch
 
 from trimpass.train import losses
-from trimpass.train.trainer import _draft_logits
+from trimpass.train.trainer import draft_logits
 
 __all__ = ["paired_bootstrap", "expected_lengths", "per_prompt"]
 
 
 def paired_bootstrap(a, b, resamples: int = 4000, seed: int = 0, level: float = 0.95):
-    """Mean of ``b - a`` over paired samples and its percentile bootstrap interval."""
+    """Mean of ``b - a`` over paired samples and its percentile bootstrap interval (what
+    ``scipy.stats.bootstrap(..., paired=True, method="percentile")`` computes; scipy is not a
+    dependency of trimpass, and these ten lines on torch are the whole of it)."""
     a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
     if a.shape != b.shape or a.dim() != 1 or len(a) < 2:
         raise ValueError("a and b must be 1-D, paired (same length) and hold >= 2 samples")
@@ -39,7 +41,7 @@ def expected_lengths(drafter, cache, gamma: int = 4, temperature: float = 1.0,
     g, s = [], []
     for i in range(n):
         ids = cache.ids[i:i + 1]
-        d = _draft_logits(drafter, ids, None).float()
+        d = draft_logits(drafter, ids, None).float()
         g.append(losses.expected_length(losses.greedy_acceptance(d, cache.greedy[i:i + 1]),
                                         gamma).mean())
         tgt = torch.full_like(d, -torch.inf).scatter_(-1, cache.topk_ids[i:i + 1].long(),
@@ -61,8 +63,5 @@ def per_prompt(target, draft, prompts, max_new: int, name: str, temperature: flo
         st, _ = assisted.run(target, draft, [p], max_new, name, ref, temperature=temperature,
                              seed=1000 * k)
         out.append((st.mat, st.acceptance, st.lossless))
-        for f in ("rounds", "drafted", "accepted", "emitted", "seconds"):
-            setattr(total, f, getattr(total, f) + getattr(st, f))
-        total.draft_ms_each += st.draft_ms_each
-        total.lossless &= st.lossless
+        total.merge(st)
     return out, total

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trimpass.base import softcap
 from trimpass.progress import progress
 from trimpass.train import losses, lowrank
 from trimpass.train.cache import TargetCache, load_cache
@@ -79,13 +80,13 @@ def _check_active(active, V):
 
 
 # ---------------------------------------------------------------- logits over columns
-def _draft_logits(drafter, ids, cols):
+def draft_logits(drafter, ids, cols):
     """The drafter's head over ``cols`` (sorted ids) or the full vocabulary (None), [B, S, C]."""
     h = drafter.model(input_ids=ids).last_hidden_state
     W = drafter.get_output_embeddings().weight
     logits = torch.nn.functional.linear(h, W if cols is None else W[cols])
     cap = getattr(drafter.config, "final_logit_softcapping", None)
-    return torch.tanh(logits / cap) * cap if cap else logits
+    return softcap(logits, cap or 0.0)
 
 
 def _columns(topk_ids, active):
@@ -107,7 +108,7 @@ def _batch(cache, idx, seq_len):
 def _base_loss(drafter, batch, loss, gamma, T, active, V):
     ids, vals, tids, lse, greedy = batch
     cols = _columns(tids, active)
-    d = _draft_logits(drafter, ids, cols)
+    d = draft_logits(drafter, ids, cols)
     if loss == "eal":
         index = greedy if cols is None else torch.searchsorted(cols, greedy)
         return losses.eal_loss(d, index, gamma)
@@ -126,14 +127,14 @@ def _grpo_loss(drafter, ref, batch, gen, gamma, T, active, G, kl_coef):
     drafted = []
     with torch.no_grad():
         for _ in range(gamma):
-            q = torch.softmax(_draft_logits(drafter, seq, cols)[:, -1].float() / T, -1)
+            q = torch.softmax(draft_logits(drafter, seq, cols)[:, -1].float() / T, -1)
             c = torch.multinomial(q, 1, generator=gen)
             drafted.append(c)
             seq = torch.cat([seq, c if cols is None else cols[c]], 1)
     dc = torch.cat(drafted, 1).unsqueeze(-1)
 
     def logp(model):
-        lg = _draft_logits(model, seq[:, :-1], cols)[:, i:].float() / T
+        lg = draft_logits(model, seq[:, :-1], cols)[:, i:].float() / T
         return torch.log_softmax(lg, -1).gather(-1, dc).squeeze(-1).view(B, G, gamma)
 
     new = logp(drafter)

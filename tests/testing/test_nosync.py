@@ -1,10 +1,11 @@
-"""``tests.nosync.no_host_sync``: it catches each kind of host sync and lets clean code through."""
+"""``trimpass.testing.nosync.no_host_sync``: it catches each kind of host sync and lets clean code
+through."""
 import contextlib
 
 import pytest
 import torch
 
-from tests.nosync import HostSyncError, no_host_sync
+from trimpass.testing.nosync import HostSyncError, no_host_sync
 
 _lib = torch.library.Library("nosync_test", "DEF")
 _lib.define("shift_by_sum(Tensor x) -> Tensor")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from trimpass import ops
+from trimpass import base
 from trimpass.kernels.vocab_state import put, take
 
 __all__ = ["Proxy", "escape_step", "top_ids"]
@@ -45,7 +45,7 @@ class Proxy:
     def build(self, weight: torch.Tensor) -> None:
         d = weight.shape[1]
         if self.rank >= d:
-            raise ValueError(f"escape_rank: {self.rank} must be below the head's width d={d} "
+            raise ValueError(f"escape.rank: {self.rank} must be below the head's width d={d} "
                              "(a full-rank proxy costs as much as the head)")
         w = weight.float()
         gram = w.T @ w
@@ -83,7 +83,7 @@ def _unsure_rows(last, idx, count, compact_last, s) -> list[int]:
             continue
         z = compact_last[r, :c] if compact_last is not None else \
             last[r].gather(0, idx[r, :c].long())
-        if not c or float(torch.softmax(z.float(), 0).max()) < s.escape_gate:
+        if not c or float(base.softmax_max(z, 0)) < s.escape.gate:
             rows.append(r)
     return rows
 
@@ -111,7 +111,7 @@ def _exact(h, weight, bias, ids, scale, cap):
     z = torch.einsum("nd,nkd->nk", h.to(weight.dtype), weight[ids]).float()
     if bias is not None:
         z = z + bias[ids].float()
-    return ops.softcap(z * scale, cap, inplace=True)
+    return base.softcap(z * scale, cap, inplace=True)
 
 
 @torch.no_grad()
@@ -124,9 +124,9 @@ def escape_step(state, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     each row's last position, which the confidence is read from instead of ``out`` when given;
     admitted ids go into ``state``'s rows. On CPU the small ops run on one thread, the proxy's
     V-wide product on all."""
-    host = out.is_cpu and not ops._use_triton(out)  # the CPU path may read on the host
+    host = out.is_cpu and not base.use_triton(out)  # the CPU path may read on the host
     n = torch.get_num_threads()
-    with ops.threads(1 if host else n):
+    with base.threads(1 if host else n):
         _escape(state, out, x, weight, bias, idx, count, scale, softcap, host, n, compact_last)
 
 
@@ -148,9 +148,9 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
             max_prob(compact_last, count)
         # a full row takes no escaped id; an empty row's confidence is NaN (no distribution): it
         # fires, as on the host path
-        fire = (count < s.capacity) & ~(conf >= s.escape_gate)
+        fire = (count < s.capacity) & ~(conf >= s.escape.gate)
         rows, idx_f = None, idx
-    with ops.threads(threads):
+    with base.threads(threads):
         sc = proxy.scores(h)  # [N, V] bf16, kept so: a float copy is 1 MB a row more to write
     if host:  # only ids outside the active set compete
         for i, c in enumerate(count[rows].tolist()):
@@ -159,7 +159,7 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
         valid = torch.arange(idx_f.shape[1], device=idx.device) < count[:, None]
         sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(
             sc.dtype), "amin")
-    top = top_ids(sc, s.escape_topk)
+    top = top_ids(sc, s.escape.topk)
     room = s.capacity - (count if rows is None else count[rows]).long()  # never evict, never
     fits = torch.arange(top.shape[1], device=top.device) < room[:, None]  # exceed capacity
     pool = state.rows_of(B)

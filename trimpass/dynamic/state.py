@@ -2,26 +2,27 @@
 
 A drafter's :class:`ActiveState` holds a pool of ``max_rows`` request rows. A row is the active set
 of one request: ``idx[R, CAP]`` (the active ids, ``count[R]`` of them valid) and ``stamp[R, CAP]``
-(the step each slot was last seen, for least-recently-seen eviction): 64 KB a row at capacity
-4,096, with no V-sized map (membership is a search of the row, capacity-sized on every device).
+(the step each slot was last seen, for least-recently-seen eviction): 64 KB a row at capacity 4,096,
+with no V-sized map (membership is a search of the row, capacity-sized on every device).
 ``bound[R]`` maps batch positions to rows: identity for Hugging Face and reference loops, where a
-batch position whose position input starts at 0 starts a new request in its row; an engine binds
-its request ids to rows with :meth:`ActiveState.bind` (taken when a request starts, freed when it
-ends, never shared). The first ``n_core`` slots of every row hold the core set and are never
-evicted: the kept ids, any configured core list, then the learned core.
+batch position whose position input starts at 0 starts a new request in its row; an engine binds its
+request ids to rows with :meth:`ActiveState.bind` (taken when a request starts, freed when it ends,
+never shared). The first ``n_core`` slots of every row hold the core set and are never evicted: the
+kept ids, any configured core list, then the learned core.
 
 The learned core and the successor memory belong to the drafter and are shared by its rows: per
 drafter, ``freq[V]`` counts the ids the drafter receives and every few dozen calls the most frequent
 become ``learned[C]``, which each new request starts with (before any traffic: the lowest ids, which
-BPE and SentencePiece vocabularies give to frequent tokens); opt-in, ``succ[V+1, K]`` keeps the
-last K distinct ids that followed each id. A request's own ids never leave its row.
+BPE and SentencePiece vocabularies give to frequent tokens). The admission policies
+(:mod:`trimpass.dynamic.policies`; registered in :data:`ADMISSION`, e.g. the opt-in successors) add
+ids beside the ones a request receives and keep their own drafter-wide memory. A request's own ids
+never leave its row.
 
-Every buffer is private to the ops of :mod:`trimpass.ops` that use it (found by the state's serial):
-passed to a graph as mutated arguments, functionalization would copy the pool every step. Each
-``admit`` returns a one-element token that the next ``admit``, then ``active``, takes, so they stay
-ordered. The step path has static shapes and no host read of a device value, so a compiled step
-stays CUDA-graph capturable; the admission kernel is :mod:`trimpass.kernels.vocab_state`.
-"""
+Every buffer is private to the ops of :mod:`trimpass.dynamic.ops` that use it (found by the state's
+serial): passed to a graph as mutated arguments, functionalization would copy the pool every step.
+Each ``admit`` returns a one-element token that the next ``admit``, then ``active``, takes, so they
+stay ordered. The step path has static shapes and no host read of a device value, so a compiled step
+stays CUDA-graph capturable; the admission kernel is :mod:`trimpass.kernels.vocab_state`."""
 from __future__ import annotations
 
 import itertools
@@ -29,10 +30,13 @@ import weakref
 
 import torch
 
-from trimpass.escape import Proxy
+from trimpass.base import use_triton
+from trimpass.dynamic.escape import Proxy
+from trimpass.dynamic.successors import Successors
 from trimpass.kernels import vocab_state
 from trimpass.kernels.vocab_state import put, take
 
+ADMISSION = (Successors,)  # the admission policies (trimpass.dynamic.policies), in call order
 LEARN_EVERY = 32  # calls between re-rankings of the learned core: a top-k over V each time
 HOST_IDS = 64  # on CPU, calls with up to this many ids are admitted id by id on the host
 _states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -88,17 +92,15 @@ class ActiveState:
         if self.n_core >= cap:
             raise ValueError(f"capacity: {cap} leaves no room beside the {self.n_core} core, "
                              "learned and kept ids; raise capacity or lower learn_core")
-        self.idx = torch.zeros((R, cap + 1), dtype=torch.long, device=device)  # column cap:
-        self.stamp = torch.full((R, cap + 1), -1, dtype=torch.long, device=device)  # scratch
+        self.idx, self.stamp = vocab_state.new_pool(R, cap, device)
         self.idx[:, :self.n_core] = core
         self.count = torch.full((R,), self.n_core, dtype=torch.int32, device=device)
         self.clock = torch.zeros(1, dtype=torch.long, device=device)
         self.bound = torch.arange(R, device=device)  # batch position -> row
-        self.last = torch.full((R,), -1, dtype=torch.long, device=device)  # last id per row
-        self.succ = torch.full((V + 1, s.successors), -1, dtype=torch.int32, device=device)
+        self.policies = [p(s, R, V, device) for p in ADMISSION if p.wanted(s)]
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.fired = torch.zeros((), dtype=torch.long, device=device)  # escape-path row-steps
-        self.proxy = Proxy(s.escape_rank) if s.escape_rank else None
+        self.proxy = None if s.escape is None else Proxy(s.escape.rank)
         self.V = V
 
     def check_batch(self, B: int) -> None:
@@ -123,7 +125,7 @@ class ActiveState:
             rows = self.rows_of(B)
             self.batch, self.calls = B, self.calls + 1
         ids = ids.reshape(B, -1).long()
-        kernel = _use_kernel(ids)
+        kernel = use_triton(ids)
         host = ids.is_cpu and not kernel  # the CPU path may read values on the host; no other
         if host:
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
@@ -135,8 +137,9 @@ class ActiveState:
         fresh = None if pos is None else pos.reshape(B, -1)[:, :1] == 0
         if fresh is not None and (not host or bool(fresh.any())):  # on CPU, skip for free
             self._restart(rows, fresh)
-        if self.settings.successors and ids.shape[1]:
-            ids = torch.cat([ids, self.follow(ids, rows)], 1)
+        if ids.shape[1]:
+            for p in self.policies:
+                ids = torch.cat([ids, p.extra(ids, rows)], 1)
         self.clock.add_(1)
         if kernel and ids.shape[1] <= vocab_state.MAX_S:
             vocab_state.admit(self.idx, self.stamp, self.count, self.clock,
@@ -156,20 +159,22 @@ class ActiveState:
     def _restart(self, rows: torch.Tensor, fresh: torch.Tensor) -> None:
         """Rows whose batch position starts a new request drop their ids (O(cap), not O(V)) and
         take the current learned core."""
-        cap, n_core, B = self.settings.capacity, self.n_core, fresh.shape[0]
+        n_core, B = self.n_core, fresh.shape[0]
         lo = n_core - self.learned.numel()
         idx = take(self.idx, rows)
         idx[:, lo:n_core] = torch.where(fresh, self.learned.expand(B, -1), idx[:, lo:n_core])
         put(self.idx, rows, idx)
         put(self.count, rows, torch.where(fresh[:, 0], n_core, take(self.count, rows)))
-        stale = fresh & (torch.arange(cap + 1, device=fresh.device) >= n_core)
+        stale = fresh & (torch.arange(self.idx.shape[1], device=fresh.device) >= n_core)
         put(self.stamp, rows, take(self.stamp, rows).masked_fill(stale, -1))
-        put(self.last, rows, torch.where(fresh[:, 0], -1, take(self.last, rows)))
+        for p in self.policies:
+            p.restart(rows, fresh)
 
     def active(self, B: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(idx[B, CAP], count[B])`` of batch positions ``0..B-1``: what the head reads."""
         rows = self.rows_of(B)  # copies: inductor may reuse an op's output buffer
-        return take(self.idx, rows)[:, :-1].clone(), take(self.count, rows).clone()
+        cap = self.settings.capacity  # the pool's scratch column dropped
+        return take(self.idx, rows)[:, :cap].clone(), take(self.count, rows).clone()
 
     def learn(self, ids: torch.Tensor) -> None:
         """Count received ids; every ``LEARN_EVERY``-th call re-rank the learned core. Scheduled on
@@ -184,31 +189,6 @@ class ActiveState:
         """Make the learned core the ``learn_core`` most frequent ids received so far."""
         if self.learned.numel():
             self.learned.copy_(self.freq.topk(self.learned.numel()).indices)
-
-    def follow(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Record which id followed which (this call's ids after each row's last one) and return,
-        for every received id, the ids that followed it before: ``[B, S*K]`` (the id itself where
-        there are fewer than K). Static shapes, no host read."""
-        B, (V1, K) = ids.shape[0], self.succ.shape
-        seq = torch.cat([take(self.last, rows)[:, None], ids], 1)
-        a, b = seq[:, :-1].reshape(-1), seq[:, 1:].reshape(-1)
-        a = torch.where(a < 0, V1 - 1, a)  # no previous id: the scratch row
-        P, ar = a.numel(), torch.arange(a.numel(), device=a.device)
-        order = torch.argsort(a * (P + 1) + (P - 1 - ar))  # by predecessor, newest pair first
-        a, b = a[order], b[order]
-        first = torch.ones_like(a, dtype=torch.bool)
-        first[1:] = a[1:] != a[:-1]
-        start = torch.cummax(torch.where(first, ar, 0), 0).values
-        at = (start[:, None] + torch.arange(K, device=a.device)).clamp(max=P - 1)  # [P, K]
-        window = torch.where(a[at] == a[:, None], b[at], -1)  # the group's newest K successors
-        cand = torch.cat([window, self.succ[a].long()], 1)  # then the ones seen before
-        dup = (cand[:, :, None] == cand[:, None, :]).tril(-1).any(2) | (cand < 0)
-        pick = torch.argsort(dup.to(torch.int8), dim=1, stable=True)[:, :K]
-        got_rows = torch.where(dup.gather(1, pick), -1, cand.gather(1, pick))
-        self.succ[a] = got_rows.to(self.succ.dtype)  # every pair of a group writes the same row
-        put(self.last, rows, ids[:, -1].clone())
-        got = self.succ[ids].long()  # [B, S, K]
-        return torch.where(got < 0, ids[..., None], got).reshape(B, -1)
 
     def refresh(self, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
         """Every ``refresh_every``-th call, compute the full head for each row's last position and
@@ -278,17 +258,15 @@ class ActiveState:
             "active": [] if count is None else count.tolist(), "calls": self.calls,
             "requests": len(self.requests), "bytes_per_row": self.bytes_per_row(),
             "escapes": 0 if self.V is None else int(self.fired),
+            **{k: v for p in getattr(self, "policies", ()) for k, v in p.stats().items()},
         }
 
     def bytes_per_row(self) -> int:
-        """Index-state bytes of one request row (ids and stamps; the drafter-wide tensors
+        """Index-state bytes of one request row: ids and stamps (with the pool's scratch column),
+        count, binding, and what the admission policies keep per row (the drafter-wide tensors
         aside)."""
-        return 2 * (self.settings.capacity + 1) * 8 + 2 * 8 + 4
-
-
-def _use_kernel(t: torch.Tensor) -> bool:
-    from trimpass import ops
-    return ops._use_triton(t)
+        row = 2 * (self.settings.capacity + vocab_state.SCRATCH) * 8 + 4 + 8
+        return row + sum(p.bytes_per_row() for p in getattr(self, "policies", ()))
 
 
 def _capturing(t: torch.Tensor) -> bool:

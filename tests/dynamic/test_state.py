@@ -3,10 +3,10 @@ engine-bound rows, memory per row, and no host sync on the device path."""
 import pytest
 import torch
 
-from tests.nosync import no_host_sync
 from trimpass import ops
 from trimpass.config import TrimConfig, TrimpassError
-from trimpass.state import LEARN_EVERY, ActiveState
+from trimpass.dynamic.state import LEARN_EVERY, ActiveState
+from trimpass.testing.nosync import no_host_sync
 
 
 def _state(cap=8, V=50, keep=(), core=None, learn=0, rows=4, successors=0):
@@ -123,16 +123,17 @@ def test_learned_core_starts_from_the_lowest_ids_outside_the_fixed_core():
 def test_successors_remember_what_followed_each_id_across_calls_and_requests():
     st = _state(cap=16, successors=2)
     rows = st.rows_of(2)
-    got = st.follow(torch.tensor([[3, 4, 3, 5], [8, 9, 9, 9]]), rows)
+    (sp,) = st.policies  # the successors policy, the only one turned on
+    got = sp.extra(torch.tensor([[3, 4, 3, 5], [8, 9, 9, 9]]), rows)
     # row 0 saw 3->4, 4->3, 3->5; row 1 saw 8->9, 9->9 (duplicate pairs in one call collapse)
-    assert set(st.succ[3].tolist()) == {4, 5} and st.succ[4].tolist()[0] == 3
-    assert st.succ[8].tolist()[0] == 9 and 9 in st.succ[9].tolist()
+    assert set(sp.succ[3].tolist()) == {4, 5} and sp.succ[4].tolist()[0] == 3
+    assert sp.succ[8].tolist()[0] == 9 and 9 in sp.succ[9].tolist()
     assert got.shape == (2, 8) and {4, 5} <= set(got[0].tolist())
-    got = st.follow(torch.tensor([[7], [8]]), rows)  # the pair 5->7 spans calls
-    assert st.succ[5].tolist()[0] == 7 and set(got[1].tolist()) == {9, 8}
+    got = sp.extra(torch.tensor([[7], [8]]), rows)  # the pair 5->7 spans calls
+    assert sp.succ[5].tolist()[0] == 7 and set(got[1].tolist()) == {9, 8}
     st.admit(torch.tensor([[6], [6]]), torch.zeros(2, 1, dtype=torch.long))  # new requests
-    assert int((st.succ[7] == 6).sum()) == 0 and int((st.succ[8] == 6).sum()) == 0
-    assert st.last[:2].tolist() == [6, 6]
+    assert int((sp.succ[7] == 6).sum()) == 0 and int((sp.succ[8] == 6).sum()) == 0
+    assert sp.last[:2].tolist() == [6, 6]
 
 
 def test_engine_rows_follow_request_ids_and_are_never_shared():
@@ -155,13 +156,15 @@ def test_engine_rows_follow_request_ids_and_are_never_shared():
     assert _active(st, st.requests["b"]) == {20, 21, 22}
 
 
-def test_index_state_is_at_most_128_kb_per_row_at_capacity_4096():
-    st = ActiveState(TrimConfig(capacity=4096, max_rows=3).settings)
+@pytest.mark.parametrize("successors", [0, 4])
+def test_index_state_is_at_most_128_kb_per_row_at_capacity_4096(successors):
+    st = ActiveState(TrimConfig(capacity=4096, max_rows=3, successors=successors).settings)
     st.build(262_144, "cpu")
-    per_row = sum(t[0].numel() * t.element_size()
-                  for t in (st.idx, st.stamp, st.count[:, None], st.bound[:, None],
-                            st.last[:, None]))
-    assert per_row == st.bytes_per_row() <= 128 * 1024
+    per_row = [st.idx, st.stamp, st.count[:, None], st.bound[:, None]]
+    per_row += [p.last[:, None] for p in st.policies]  # the successors' last id per row
+    assert len(per_row) == 4 + bool(successors)
+    assert st.idx.shape[1] == 4096 + 1  # the scratch column
+    assert sum(t[0].numel() * t.element_size() for t in per_row) == st.bytes_per_row() <= 128 * 1024
 
 
 @pytest.mark.parametrize("kernel", ["torch", "triton"])

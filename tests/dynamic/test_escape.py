@@ -1,22 +1,22 @@
-"""trimpass.escape: the proxy follows weight changes; the head stays exact on every active id and on
-every id the escape path adds, -inf elsewhere; the added ids are the proxy's best outside the set
-and join only their own request's row; a near-full-rank proxy recovers the full argmax the set
-missed; the device path has no host sync; bad settings are clear errors."""
+"""trimpass.dynamic.escape: the proxy follows weight changes; the head stays exact on every active
+id and on every id the escape path adds, -inf elsewhere; the added ids are the proxy's best outside
+the set and join only their own request's row; a near-full-rank proxy recovers the full argmax the
+set missed; the device path has no host sync; bad settings are clear errors."""
 import pytest
 import torch
 
-from tests.nosync import no_host_sync
 from trimpass import ops
-from trimpass.config import TrimConfig, TrimpassError
-from trimpass.escape import BLOCK, Proxy, confidence, max_prob, top_ids
-from trimpass.state import ActiveState
+from trimpass.config import Escape, TrimConfig, TrimpassError
+from trimpass.dynamic.escape import BLOCK, Proxy, confidence, max_prob, top_ids
+from trimpass.dynamic.state import ActiveState
+from trimpass.testing.nosync import no_host_sync
 
 V, D = 300, 24
 
 
 def _state(rank=8, k=5, gate=0.999, cap=32, rows=3):
-    st = ActiveState(TrimConfig(capacity=cap, learn_core=0, max_rows=rows, escape_rank=rank,
-                                escape_topk=k, escape_gate=gate).settings)
+    st = ActiveState(TrimConfig(capacity=cap, learn_core=0, max_rows=rows,
+                                escape=Escape(rank=rank, topk=k, gate=gate)).settings)
     st.build(V, "cpu")
     return st
 
@@ -176,7 +176,7 @@ def test_head_op_hands_the_escape_the_confidence_of_each_rows_last_position(rows
     torch.ops.trimpass.admit(st.token, torch.randint(0, V, (rows, 9), generator=g), None,
                              st.serial)
     idx, count = torch.ops.trimpass.active(st.token, rows, st.settings.capacity, st.serial)
-    out, last = ops._full_and_last(x if rows > 1 else x[0], w, None, idx, count, 1.0, 0.0)
+    out, last = ops.full_and_last(x if rows > 1 else x[0], w, None, idx, count, 1.0, 0.0)
     assert last.shape[0] == rows
     want = confidence(out.reshape(rows, -1, V)[:, -1], idx, count)
     torch.testing.assert_close(max_prob(last, count), want)
@@ -202,19 +202,43 @@ def test_top_ids_holds_the_k_largest_values(cols, kind):
         assert torch.equal(s[r, got[r]].sort(descending=True).values, want[r])
 
 
-@pytest.mark.parametrize("kw,match", [(dict(escape_rank=-1), "escape_rank"),
-                                      (dict(escape_topk=0), "escape_topk"),
-                                      (dict(escape_gate=0.0), "escape_gate"),
-                                      (dict(escape_gate=1.0), "escape_gate"),
-                                      (dict(vocab=[1, 2], escape_rank=8), "escape_rank")])
+@pytest.mark.parametrize("kw,match", [(dict(rank=0), "escape.rank"),
+                                      (dict(rank=-1), "escape.rank"),
+                                      (dict(topk=0), "escape.topk"),
+                                      (dict(gate=0.0), "escape.gate"),
+                                      (dict(gate=1.0), "escape.gate"),
+                                      (dict(gate=True), "escape.gate")])
 def test_bad_settings_are_clear_errors(kw, match):
     with pytest.raises(TrimpassError, match=match):
+        Escape(**kw)
+    with pytest.raises(TrimpassError, match="escape: a dynamic-mode setting"):
+        TrimConfig(vocab=[1, 2], escape=Escape(rank=8))
+    with pytest.raises(TrimpassError, match="escape: must be a trimpass.config.Escape or None"):
+        TrimConfig(escape=16)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(escape_rank=-1), "escape_rank"),
+                                      (dict(escape_topk=0), "escape_topk"),
+                                      (dict(escape_gate=1.0), "escape_gate"),
+                                      (dict(vocab=[1, 2], escape_rank=8), "escape_rank")])
+def test_the_flat_names_still_check_and_warn(kw, match):
+    with pytest.warns(DeprecationWarning, match=match), pytest.raises(TrimpassError, match=match):
         TrimConfig(**kw)
+
+
+def test_the_flat_names_fold_into_escape():
+    with pytest.warns(DeprecationWarning, match=r"escape=Escape\(rank=8, gate=0.9\)"):
+        cfg = TrimConfig(escape_rank=8, escape_gate=0.9)
+    assert cfg.settings.escape == Escape(rank=8, topk=64, gate=0.9)
+    with pytest.warns(DeprecationWarning, match="escape=None to turn the path off"):
+        assert TrimConfig(escape_rank=0).settings.escape is None
+    assert TrimConfig().settings.escape == Escape(rank=16, topk=64, gate=0.5)
+    assert TrimConfig(escape=None).settings.escape is None
 
 
 def test_rank_at_least_d_is_a_clear_error():
     st = _state(rank=D)
-    with pytest.raises(ValueError, match="escape_rank"):
+    with pytest.raises(ValueError, match="escape.rank"):
         _step(st, torch.randn(1, 1, D), torch.randn(V, D), torch.tensor([[1]]))
 
 

@@ -35,8 +35,8 @@ def test_a_target_pass_feeds_its_top_k_into_the_paired_drafters_row():
     torch._dynamo.reset()
     draft, other = _drafter(0), _drafter(1)
     plain = copy.deepcopy(draft)
-    c = trimpass.trim(draft, refresh_every=0, learn_core=0, escape_rank=0, inner="aot_eager")
-    c2 = trimpass.trim(other, refresh_every=0, learn_core=0, escape_rank=0, inner="aot_eager")
+    c = trimpass.trim(draft, refresh_every=0, learn_core=0, escape=None, inner="aot_eager")
+    c2 = trimpass.trim(other, refresh_every=0, learn_core=0, escape=None, inner="aot_eager")
     target = LlamaForCausalLM(LlamaConfig(**CFG)).eval()
     handle = trimpass.pair(target, c, k=4)
     ids = torch.randint(0, V, (1, 6))
@@ -67,7 +67,7 @@ def test_assisted_generation_with_feedback_is_lossless_and_trimmed():
     target = LlamaForCausalLM(LlamaConfig(**CFG)).double().eval()
     prompts = [torch.randint(1, V, (10,)).tolist() for _ in range(2)]
     _, refs = assisted.run(target, None, prompts, 12, "target alone")
-    draft = trimpass.trim(copy.deepcopy(target), escape_rank=0, inner="aot_eager")
+    draft = trimpass.trim(copy.deepcopy(target), escape=None, inner="aot_eager")
     handle = trimpass.pair(target, draft, k=2)
     try:
         with head_runs(draft) as runs:

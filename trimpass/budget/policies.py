@@ -1,0 +1,120 @@
+"""The budget policies as objects, independent of the serving engine. During a proposal a policy
+says whether drafting stops after ``d`` tokens (:meth:`Policy.stop`); after it, how many drafted
+tokens each request sends to verification (:meth:`Policy.keep`). ``dcut`` (D-Cut: drafting stops
+where no request can put another token into the cut or another step does not pay, and the cut
+maximizes expected emitted tokens per second), ``all-or-nothing`` (a step's whole draft or none of
+it, by the same cost model), ``fixed`` (draft ``gamma`` tokens, keep them all), ``off`` (the
+engine's own behaviour). An engine adapter (:mod:`trimpass.serving.vllm_budget`) records the
+confidences and timings, calibrates the confidences and calls these. A new policy is one class
+here and its entry in :data:`POLICIES`."""
+from __future__ import annotations
+
+import torch
+
+from trimpass.budget.costmodel import CostTable
+from trimpass.budget.dcut import dcut, draft_more, next_step_pays
+
+SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table")
+
+
+class Policy:
+    """Keep every drafted token, draft as far as the engine asks (the ``off`` policy)."""
+    name = "off"
+    reads_confidence = False  # whether stop() and keep() need the calibrated confidences
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+
+    def stop(self, conf, d: int, gamma: int, cost, step_s, first_s, elapsed_s):
+        """``(stop drafting now, requests still drafting [B] bool or None)`` after ``d`` drafted
+        tokens of at most ``gamma``: ``conf[B, d]`` calibrated confidences (None until the cost
+        model and the step time are known), ``elapsed_s`` the proposal's seconds so far."""
+        return False, None
+
+    def keep(self, conf: torch.Tensor, cost, draft_time: float) -> torch.Tensor:
+        """Drafted tokens each request sends to verification, ``[B]`` (a prefix of its draft)."""
+        return torch.full((conf.shape[0],), conf.shape[1], dtype=torch.long)
+
+
+class Fixed(Policy):
+    """Draft ``gamma`` tokens, keep them all: the work of an engine with that draft length."""
+    name = "fixed"
+
+    def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
+        return d >= self.settings["gamma"], None
+
+
+class DCut(Policy):
+    """D-Cut: the verification budget shared across the batch by calibrated confidence."""
+    name = "dcut"
+    reads_confidence = True
+
+    def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
+        if conf is None:
+            return False, None
+        active = draft_more(conf, cost, step_s, gamma_max=gamma, draft_time_base=first_s)
+        if not bool(active.any()):
+            return True, active
+        conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
+        return not next_step_pays(conf, cost, elapsed_s, step_s), active
+
+    def keep(self, conf, cost, draft_time):
+        return dcut(conf, cost, draft_time=draft_time, buckets=self.settings.get("buckets"))
+
+
+class AllOrNothing(DCut):
+    """A step's whole draft or none of it, by D-Cut's cost model; drafts as far as asked."""
+    name = "all-or-nothing"
+
+    def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
+        return False, None
+
+    def keep(self, conf, cost, draft_time):
+        return dcut(conf, cost, draft_time=draft_time, buckets=[conf.numel()])
+
+
+POLICIES = {p.name: p for p in (DCut, AllOrNothing, Fixed, Policy)}
+
+
+def make(settings: dict, gamma_max: int) -> Policy:
+    """The policy the checked ``settings`` name (``policy``, default ``dcut``)."""
+    s = check_settings(settings, gamma_max)
+    return POLICIES[s["policy"]](s)
+
+
+def check_settings(settings: dict, gamma_max: int) -> dict:
+    """The budget settings, checked against the engine's draft length ``gamma_max``."""
+    if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+        raise ValueError(f"num_speculative_tokens: D-Cut needs a draft length >= 1 (gamma_max), "
+                         f"got {gamma_max!r}")
+    s = dict(settings)
+    unknown = sorted(set(s) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"budget: unknown setting {unknown[0]!r}; use {', '.join(SETTINGS)}")
+    if s.get("table") is not None:
+        try:
+            CostTable.from_dict(s["table"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"budget table: a CostTable.to_dict() of measured seconds is "
+                             f"needed: {e}") from None
+    policy = s.setdefault("policy", "dcut")
+    if policy not in POLICIES:
+        raise ValueError(f"budget policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    gamma = s.get("gamma")
+    if policy == "fixed":
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= gamma_max:
+            raise ValueError(f"budget gamma: the fixed policy needs an integer 1..{gamma_max} "
+                             f"(num_speculative_tokens), got {gamma!r}")
+    elif gamma is not None:
+        raise ValueError(f"budget gamma: only the fixed policy takes a draft length; {policy!r} "
+                         "drafts up to num_speculative_tokens")
+    buckets = s.get("buckets")
+    if buckets is not None:
+        if policy != "dcut":
+            raise ValueError("budget buckets: only the dcut policy takes buckets")
+        dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=buckets)  # dcut's own checks
+    m = s.setdefault("measure_s", 10.0)
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 30:
+        raise ValueError(f"budget measure_s: the start-up measurement's seconds, in (0, 30], got "
+                         f"{m!r}")
+    return s

@@ -1,0 +1,84 @@
+"""Where the vLLM workers' trimpass settings come from, importable without vLLM: ``TRIMPASS_VLLM``,
+then ``trimpass.json`` beside the drafter checkpoint, checked into a :class:`TrimConfig` for the
+drafter's vocabulary. Shared by the public face (:mod:`trimpass.serving.vllm`) and the worker glue
+(:mod:`trimpass.serving.vllm_hooks`)."""
+from __future__ import annotations
+
+import json
+import os
+
+from trimpass.config import DYNAMIC_DEFAULTS, FLAT_ESCAPE, TrimConfig, TrimpassError, disabled
+
+SETTINGS_FILE = "trimpass.json"
+ENV = "TRIMPASS_VLLM"
+# TrimConfig's settings that mean something in an engine; the rest (the compiler's) do not apply.
+# TrimConfig settings this engine's route cannot run: refused by name, not dropped
+UNSUPPORTED = {k: "vLLM's route has no escape path (its drafter's logits come from "
+               "trimpass.serving.head, which has none)" for k in ("escape", *FLAT_ESCAPE)}
+UNSUPPORTED.update({k: f"vLLM's route does not run {k}" for k in ("refresh_every",
+                                                                   "refresh_topk")})
+RUNS = {"escape": None, "refresh_every": 0}  # what it runs instead, as stats reports
+# every other TrimConfig setting of the two modes (a new admission policy's setting comes along)
+KEYS = ("vocab", "keep", *(k for k in DYNAMIC_DEFAULTS if k not in UNSUPPORTED))
+EXTRA_KEYS = ("check", "log_interval")  # check: verify every call (tests); log every N seconds
+
+def hf_config(checkpoint: str) -> dict:
+    """A Hugging Face checkpoint directory's ``config.json``."""
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        return json.load(f)
+
+
+def vocab_size(checkpoint: str) -> int:
+    """The vocabulary size in a Hugging Face checkpoint directory's ``config.json``."""
+    cfg = hf_config(checkpoint)
+    V = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
+    if not isinstance(V, int):
+        raise ValueError(f"{checkpoint}/config.json: no vocab_size")
+    return V
+
+
+def checked_config(settings: dict, V: int) -> TrimConfig:
+    """The settings as a validated :class:`TrimConfig` for a head of ``V`` rows."""
+    cannot = sorted(set(settings) & set(UNSUPPORTED))
+    if cannot:
+        raise TrimpassError(f"{cannot[0]}: {UNSUPPORTED[cannot[0]]}; remove it")
+    unknown = sorted(set(settings) - set(KEYS) - set(EXTRA_KEYS))
+    if unknown:
+        raise TrimpassError(f"{unknown[0]}: not a trimpass setting for vLLM; use {', '.join(KEYS)}"
+                            f" (or {', '.join(EXTRA_KEYS)})")
+    cfg = TrimConfig(**{k: v for k, v in settings.items() if k in KEYS}, vocab_size=V,
+                     escape=None)
+    cfg.settings.check_vocab_size(V)
+    return cfg
+
+
+def resolve(drafter_dir: str | None) -> dict | None:
+    """The trim settings a worker uses, or None when trimming is off: ``TRIMPASS_DISABLE=1``
+    wins, then ``TRIMPASS_VLLM`` (``0``/``1`` or a JSON object), then ``trimpass.json`` beside the
+    drafter checkpoint (``{"trim": false}`` turns it off)."""
+    if disabled():
+        return None
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        if env in ("0", "false"):
+            return None
+        return {} if env in ("1", "true") else dict(json.loads(env))
+    if not drafter_dir or not os.path.isfile(os.path.join(drafter_dir, SETTINGS_FILE)):
+        return None
+    d = _settings_file(drafter_dir)
+    d.pop("budget", None)
+    return d if d.pop("trim", True) else None
+
+
+def _settings_file(drafter_dir: str) -> dict:
+    with open(os.path.join(drafter_dir, SETTINGS_FILE)) as f:
+        return dict(json.load(f))
+
+
+def resolve_budget(drafter_dir: str | None) -> dict | None:
+    """The D-Cut settings a worker uses (``budget`` in ``trimpass.json``), or None: off with
+    ``TRIMPASS_DISABLE=1`` or without the file or the key. Independent of trimming."""
+    if disabled() or not drafter_dir or not os.path.isfile(os.path.join(drafter_dir,
+                                                                          SETTINGS_FILE)):
+        return None
+    return _settings_file(drafter_dir).get("budget")
