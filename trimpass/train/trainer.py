@@ -219,6 +219,71 @@ def _frozen_copy(drafter, trainable):
 
 
 # ---------------------------------------------------------------- the loop
+def _checked(drafter, target_cache, loss, gamma, temperature, tokens, lr, batch, seq_len, active,
+             train_layers, group, ckpt_every, lora_rank):
+    """:func:`train`'s arguments checked before any compute: ``(target_cache, V, seq_len, active,
+    gamma, tokens, batch, T, lr, group, ckpt_every)``."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    gamma, tokens, batch = _int("gamma", gamma), _int("tokens", tokens), _int("batch", batch)
+    T, lr = _pos("temperature", temperature), _pos("lr", lr)
+    group, ckpt_every = _int("group", group), _int("ckpt_every", ckpt_every)
+    if isinstance(target_cache, str):
+        target_cache = load_cache(target_cache)
+    if not isinstance(target_cache, TargetCache):
+        raise ValueError("target_cache must be a TargetCache or the path of its file")
+    V = _vocab(drafter)
+    if V != target_cache.vocab_size:
+        raise ValueError(f"drafter and target vocabularies differ: the drafter's head has "
+                         f"{V} rows, the target cache {target_cache.vocab_size}")
+    S_cache = target_cache.ids.shape[1]
+    seq_len = S_cache if seq_len is None else _int("seq_len", seq_len)
+    if seq_len > S_cache:
+        raise ValueError(f"seq_len={seq_len} is longer than the cached sequences ({S_cache})")
+    if gamma > seq_len:
+        raise ValueError(f"gamma={gamma} is larger than seq_len={seq_len}")
+    if loss != "eal" and T != target_cache.temperature:
+        raise ValueError(f"temperature={T} differs from the target cache's "
+                         f"({target_cache.temperature}): its logsumexp is at that temperature")
+    active = _check_active(active, V)
+    _int("train_layers", train_layers)
+    _int("lora_rank", lora_rank, lo=0)
+    if train_layers > len(drafter.model.layers):
+        raise ValueError(f"train_layers={train_layers} exceeds the drafter's "
+                         f"{len(drafter.model.layers)} layers")
+    return target_cache, V, seq_len, active, gamma, tokens, batch, T, lr, group, ckpt_every
+
+
+def _trainable(drafter, train_layers: int, lora_rank: int) -> list:
+    """The parameters trained: the last ``train_layers`` layers (or LoRA adapters of them, injected
+    here, and their norms) and the final norm."""
+    layers = drafter.model.layers
+    tuned = layers[len(layers) - train_layers:]
+    if lora_rank:
+        norms = [p for n, p in tuned.named_parameters() if "norm" in n]
+        return [*lowrank.add_lora(drafter, lora_rank, train_layers), *norms,
+                *drafter.model.norm.parameters()]
+    return [*tuned.parameters(), *drafter.model.norm.parameters()]
+
+
+class _Rows:
+    """The cache rows of each step: a fresh seeded permutation of the N rows every epoch, so a
+    resumed run draws the same batches."""
+
+    def __init__(self, N: int, batch: int, seed: int):
+        self.N, self.batch, self.seed, self.perms = N, batch, seed, {}
+
+    def __call__(self, step: int) -> torch.Tensor:
+        out = []
+        for x in range(step * self.batch, (step + 1) * self.batch):
+            e = x // self.N
+            if e not in self.perms:
+                self.perms[e] = torch.randperm(self.N, generator=torch.Generator().manual_seed(
+                    (self.seed * 1_000_003 + e) % 2**63))
+            out.append(int(self.perms[e][x % self.N]))
+        return torch.tensor(out)
+
+
 def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=1.0,
           tokens=100_000, lr=1e-4, batch=4, seq_len=None, seed=0, out_dir="train-out",
           resume=True, active=None, train_layers=1, grpo_tokens=None, group=4, kl_coef=0.05,
@@ -230,46 +295,15 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
     ``lora_rank`` > 0 trains rank-``lora_rank`` adapters of those layers (``lowrank.py``) and
     their norms instead of the full layers, writes the adapters in the small low-rank format, and
     leaves them folded into ``drafter`` when it returns."""
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    gamma, tokens, batch = _int("gamma", gamma), _int("tokens", tokens), _int("batch", batch)
-    T, lr = _pos("temperature", temperature), _pos("lr", lr)
-    group, ckpt_every = _int("group", group), _int("ckpt_every", ckpt_every)
+    target_cache, V, seq_len, active, gamma, tokens, batch, T, lr, group, ckpt_every = _checked(
+        drafter, target_cache, loss, gamma, temperature, tokens, lr, batch, seq_len, active,
+        train_layers, group, ckpt_every, lora_rank)
     kl_coef = float(kl_coef)
-    if isinstance(target_cache, str):
-        target_cache = load_cache(target_cache)
-    if not isinstance(target_cache, TargetCache):
-        raise ValueError("target_cache must be a TargetCache or the path of its file")
-    V = _vocab(drafter)
-    if V != target_cache.vocab_size:
-        raise ValueError(f"drafter and target vocabularies differ: the drafter's head has "
-                         f"{V} rows, the target cache {target_cache.vocab_size}")
-    N, S_cache = target_cache.ids.shape
-    seq_len = S_cache if seq_len is None else _int("seq_len", seq_len)
-    if seq_len > S_cache:
-        raise ValueError(f"seq_len={seq_len} is longer than the cached sequences ({S_cache})")
-    if gamma > seq_len:
-        raise ValueError(f"gamma={gamma} is larger than seq_len={seq_len}")
-    if loss != "eal" and T != target_cache.temperature:
-        raise ValueError(f"temperature={T} differs from the target cache's "
-                         f"({target_cache.temperature}): its logsumexp is at that temperature")
-    active = _check_active(active, V)
-    layers = drafter.model.layers
-    _int("train_layers", train_layers)
-    _int("lora_rank", lora_rank, lo=0)
-    if train_layers > len(layers):
-        raise ValueError(f"train_layers={train_layers} exceeds the drafter's {len(layers)} layers")
     per_step = batch * seq_len
     base_steps = -(-tokens // per_step)
     grpo_steps = (-(-(grpo_tokens or max(tokens // 4, 1)) // per_step)) if grpo else 0
     total = base_steps + grpo_steps
-    tuned = layers[len(layers) - train_layers:]
-    if lora_rank:
-        norms = [p for n, p in tuned.named_parameters() if "norm" in n]
-        trainable = [*lowrank.add_lora(drafter, lora_rank, train_layers), *norms,
-                     *drafter.model.norm.parameters()]
-    else:
-        trainable = [*tuned.parameters(), *drafter.model.norm.parameters()]
+    trainable = _trainable(drafter, train_layers, lora_rank)
     named = [(n, p) for n, p in drafter.named_parameters() if any(p is q for q in trainable)]
     settings = {"loss": loss, "grpo": bool(grpo), "gamma": gamma, "temperature": T, "lr": lr,
                 "batch": batch, "seq_len": seq_len, "seed": int(seed), "cache": target_cache.key,
@@ -299,19 +333,7 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
     for p in drafter.parameters():
         p.requires_grad_(any(p is q for q in trainable))
 
-    perms = {}
-
-    def rows(step):
-        g = torch.arange(step * batch, (step + 1) * batch)
-        out = []
-        for x in g.tolist():
-            e = x // N
-            if e not in perms:
-                perms[e] = torch.randperm(N, generator=torch.Generator().manual_seed(
-                    (seed * 1_000_003 + e) % 2**63))
-            out.append(int(perms[e][x % N]))
-        return torch.tensor(out)
-
+    rows = _Rows(target_cache.ids.shape[0], batch, seed)
     res = TrainResult(start, start * per_step, 0.0, 0.0, out_dir, os.path.join(out_dir, WEIGHTS))
     t0 = time.perf_counter()
     bar = progress(range(start, total), desc=f"train {loss}", total=total - start)
