@@ -26,12 +26,12 @@ from trimpass import measure
 from trimpass.hf import assisted, exact
 from trimpass.hf import gemma as G
 from trimpass.loops.stats import LoopStats
+from trimpass.progress import progress
 from trimpass.testing.checks import head_ops
 
 
 def _model(dtype):
     try:
-        from trimpass.progress import progress
         with progress(total=1, desc="loading Gemma-3-270M (GGUF -> torch)") as bar:
             model, tok = G.load_model(dtype), G.GGUFTokenizer()
             bar.update(1)
@@ -74,7 +74,7 @@ def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track):
     """The plain target alone and the drafter on each prompt in turn, so that the machine's load
     drifts alike for both; returns (the drafter's stats, the plain target's)."""
     st, alone = LoopStats(label), LoopStats("target alone, beside")
-    for k, p in enumerate(prompts):
+    for k, p in enumerate(progress(prompts, desc=f"{label} and the target, prompt by prompt")):
         alone.merge(assisted.run(plain, None, [p], max_new, alone.name)[0])
         st.merge(assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
                               on_draft_call=track)[0])
@@ -125,8 +125,12 @@ def _plot(rows, path: str, model_name: str) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 2.2), dpi=120,
                                   sharey=True)
     speed = [r["tps"] / r["target_tps"] for r in rows]
-    colors = ["tab:green" if x >= 1 else "tab:gray" for x in speed]
-    ax.barh(ys, speed, color=colors, label="drafter's tokens/s ÷ the target's, run beside it")
+    for faster, color, label in ((True, "tab:green", "faster than the plain target"),
+                                 (False, "tab:gray", "not faster")):
+        at = [(y, x) for y, x in zip(ys, speed, strict=True) if (x > 1) == faster]
+        if at:
+            ax.barh([y for y, _ in at], [x for _, x in at], color=color,
+                    label=f"{label} (tokens/s ÷ the target's, run beside it)")
     ax.axvline(1.0, color="black", ls="--", lw=1, label="the plain target alone (x1.00)")
     for y, r, x in zip(ys, rows, speed, strict=True):
         ax.text(max(x, 1.0), y, f" x{x:.2f} ({r['tps']:.1f} vs {r['target_tps']:.1f} tok/s)",
