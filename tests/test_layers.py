@@ -1,6 +1,7 @@
 """The import graph of ``trimpass`` and ``kernels`` (imports inside functions counted too) has no
-cycle, every import points down the floors of ``docs/architecture.md``, and ``kernels`` imports
-nothing of trimpass but its bottom module ``trimpass.base``."""
+cycle, every import points down the floors of ``docs/architecture.md``, ``kernels`` imports
+nothing of trimpass but its bottom module ``trimpass.base``, and no module uses another's private
+name."""
 import ast
 import os
 
@@ -140,3 +141,33 @@ def test_kernels_import_only_the_bottom_module():
         if name.startswith("trimpass.kernels"):
             above = {d for d in deps if not d.startswith(("trimpass.kernels", "trimpass.base"))}
             assert not above, f"{name} imports {sorted(above)}"
+
+
+def private_uses() -> list[str]:
+    """``from m import _x`` or ``m._x`` in one module of the packages for a ``_x`` of another."""
+    mods, found = modules(), []
+    for name, path in sorted(mods.items()):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trimpass"):
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in mods:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    elif a.name.startswith("_") and not a.name.startswith("__"):
+                        found.append(f"{name}: from {node.module} import {a.name}")
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names
+                                if a.name in mods and a.asname})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and aliases.get(node.value.id, name) != name and node.attr.startswith("_") \
+                    and not node.attr.startswith("__"):
+                found.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_outside_its_module():
+    found = private_uses()
+    assert not found, "private names used across modules:\n" + "\n".join(sorted(set(found)))
