@@ -1,15 +1,23 @@
-"""The README's usage examples run as written (those that need no file of the user's)."""
+"""The usage examples of the README and docs/ run as written (those that need no file of the
+user's); CI runs the README's test command."""
+import glob
 import os
 import re
 
 import pytest
 
-README = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
-with open(README) as f:
-    BLOCKS = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S) if "vocab.pt" not in b]
+ROOT = os.path.dirname(os.path.dirname(__file__))
+README = os.path.join(ROOT, "README.md")
+BLOCKS, IDS = [], []
+for path in [README, *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
+    with open(path) as f:
+        found = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S)
+                 if "vocab.pt" not in b]
+    BLOCKS += found
+    IDS += [f"{os.path.basename(path)}-{i}" for i in range(len(found))]
 
 
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+@pytest.mark.parametrize("code", BLOCKS, ids=IDS)
 def test_readme_example(code):
     import torch
     torch._dynamo.reset()

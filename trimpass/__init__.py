@@ -18,8 +18,9 @@ from trimpass.backend import TrimBackend, TrimpassWarning, backend_for, dynamo_e
 from trimpass.config import Escape, TrimConfig, TrimpassError
 from trimpass.dynamic import ops as _dynamic_ops  # noqa: F401  (and the dynamic vocabulary's)
 
-__all__ = ["backend", "trim", "TrimConfig", "Escape", "TrimpassError", "TrimpassWarning", "explain",
-           "reset", "stats", "observe", "pair", "active_ids", "active_state", "ops"]
+__all__ = ["backend", "trim", "self_drafter", "TrimConfig", "Escape", "TrimpassError",
+           "TrimpassWarning", "explain", "reset", "stats", "observe", "pair", "active_ids",
+           "active_state", "ops"]
 
 
 def backend(**config) -> TrimBackend:
@@ -134,6 +135,20 @@ def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
     """Opt-in: admit the target's top-``k`` predictions (logits ``[B, ..., V]`` or ids
     ``[B, ...]``)."""
     _state(draft, "observe").observe(target_logits_or_ids, k)
+
+
+def self_drafter(model, gamma: int = 4, **config):
+    """``model`` as its own drafter: an assistant for ``model.generate(..., assistant_model=...)``
+    that shares every parameter and buffer with ``model`` (no copy), keeps its own trimpass state,
+    KV cache and generation config, drafts ``gamma`` tokens per verification through its own
+    trimmed head and is verified by ``model``'s full head. ``config`` is :class:`TrimConfig`'s
+    (zero-config by default). Any Hugging Face causal LM with a ``[V, d]`` head, tied or not, all
+    of its layers. Hugging Face's assisted generation takes batch 1 only. ``gamma=4``: the one
+    draft length measured so far with the real Gemma-3-270M (x1.39 the plain target,
+    ``bench/results/demo.md``)."""
+    from trimpass.hf.selfdraft import shared_copy
+    TrimConfig(**config)  # the settings checked before anything is built
+    return trim(shared_copy(model, gamma), **config)
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

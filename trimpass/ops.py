@@ -20,6 +20,8 @@ from trimpass import compact
 from trimpass.base import filled, softcap, threads, use_kernel, use_triton  # noqa: F401
 
 calls: Counter = Counter()  # real (non-fake) executions per op, for tests and stats
+
+
 def check_head_args(x, weight, bias, idx, count) -> int:
     """Check a head call's metadata; return G, the number of id groups. Raises before any launch."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():

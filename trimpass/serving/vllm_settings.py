@@ -22,6 +22,7 @@ RUNS = {"escape": None, "refresh_every": 0}  # what it runs instead, as stats re
 KEYS = ("vocab", "keep", *(k for k in DYNAMIC_DEFAULTS if k not in UNSUPPORTED))
 EXTRA_KEYS = ("check", "log_interval")  # check: verify every call (tests); log every N seconds
 
+
 def hf_config(checkpoint: str) -> dict:
     """A Hugging Face checkpoint directory's ``config.json``."""
     with open(os.path.join(checkpoint, "config.json")) as f:
