@@ -296,3 +296,11 @@ head_full = torch.ops.trimpass.head_full
 head_topk = torch.ops.trimpass.head_topk
 scatter_full = torch.ops.trimpass.scatter_full
 mask_inactive = torch.ops.trimpass.mask_inactive
+
+
+def __getattr__(name: str):
+    # the dynamic vocabulary's ops live in trimpass.dynamic.ops (registered when trimpass is
+    # imported); looked up here by name so that trimpass.ops.head_full_escape keeps working
+    if name in ("head_full_escape", "admit", "active", "refresh"):
+        return getattr(torch.ops.trimpass, name)
+    raise AttributeError(f"module 'trimpass.ops' has no attribute {name!r}")

@@ -16,11 +16,9 @@ from transformers import (
 )
 
 import trimpass
+from tests.graph.test_hf import SMALL, V
 from trimpass.testing.checks import head_runs
 
-V = 1000
-SMALL = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2)
 MODELS = {
     "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=64,
                                                          eos_token_id=None, bos_token_id=None)),
