@@ -89,10 +89,9 @@ def main(argv=None) -> int:
     rows = []
     for name, gamma in schedules:
         torch._dynamo.reset()
-        draft = trimpass.self_drafter(model, gamma=gamma or a.confidence_max, inner=a.inner)
-        if gamma is None:  # drafting stops where the trimmed confidence drops (HF's threshold)
-            draft.generation_config.assistant_confidence_threshold = \
-                transformers.GenerationConfig().assistant_confidence_threshold
+        stop = transformers.GenerationConfig().assistant_confidence_threshold  # HF's 0.4
+        draft = trimpass.self_drafter(model, gamma=gamma or a.confidence_max,
+                                      confidence=0.0 if gamma else stop, inner=a.inner)
         assisted.run(model, draft, prompts, a.new_tokens, "warm-up")  # every length timed below
         assisted.warm_up(model, draft, prompts)
         graphs = assisted.compiled_graphs()

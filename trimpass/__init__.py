@@ -137,18 +137,19 @@ def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
     _state(draft, "observe").observe(target_logits_or_ids, k)
 
 
-def self_drafter(model, gamma: int = 4, **config):
+def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
     """``model`` as its own drafter: an assistant for ``model.generate(..., assistant_model=...)``
     that shares every parameter and buffer with ``model`` (no copy), keeps its own trimpass state,
-    KV cache and generation config, drafts ``gamma`` tokens per verification through its own
-    trimmed head and is verified by ``model``'s full head. ``config`` is :class:`TrimConfig`'s
+    KV cache and generation config, and drafts through its own trimmed head, verified by
+    ``model``'s full head: up to ``gamma`` tokens a round, stopping where the trimmed confidence
+    drops below ``confidence`` (0: always ``gamma``). ``config`` is :class:`TrimConfig`'s
     (zero-config by default). Any Hugging Face causal LM with a ``[V, d]`` head, tied or not, all
-    of its layers. Hugging Face's assisted generation takes batch 1 only. ``gamma=4``: the one
-    draft length measured so far with the real Gemma-3-270M (x1.39 the plain target,
-    ``bench/results/demo.md``)."""
+    of its layers. Hugging Face's assisted generation takes batch 1 only. The defaults measured
+    best with the real Gemma-3-270M (x1.58 the plain target, against x1.47 at a fixed 4 and x1.54
+    at 6; ``bench/results/self_gamma.md``)."""
     from trimpass.hf.selfdraft import shared_copy
     TrimConfig(**config)  # the settings checked before anything is built
-    return trim(shared_copy(model, gamma), **config)
+    return trim(shared_copy(model, gamma, confidence), **config)
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

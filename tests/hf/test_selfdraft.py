@@ -40,12 +40,14 @@ def test_the_model_drafts_for_itself_losslessly_through_its_trimmed_head(name):
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     before = model.generation_config.to_dict()
-    draft = trimpass.self_drafter(model, gamma=3, learn_core=64, inner="aot_eager")
+    draft = trimpass.self_drafter(model, gamma=3, confidence=0.0, learn_core=64,
+                                  inner="aot_eager")
     assert _tensors(draft) == _tensors(model) and len(_tensors(model)) > 0  # shared, not copied
     assert draft.get_output_embeddings().weight is model.get_output_embeddings().weight
     assert "_compiled_call_impl" not in model.__dict__, "the model itself was compiled"
     assert model.generation_config.to_dict() == before
-    assert draft.generation_config.num_assistant_tokens == 3
+    g = draft.generation_config
+    assert (g.num_assistant_tokens, g.assistant_confidence_threshold) == (3, 0.0)
     ids = torch.randint(0, V, (1, 9))
     with torch.no_grad():
         plain = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
@@ -62,6 +64,8 @@ def test_bad_input_fails_before_anything_is_built():
     model = MODELS["llama"]().eval()
     with pytest.raises(ValueError, match="gamma: tokens drafted per verification"):
         trimpass.self_drafter(model, gamma=0)
+    with pytest.raises(ValueError, match=r"confidence: .* in \[0, 1\)"):
+        trimpass.self_drafter(model, confidence=1.0)
     with pytest.raises(trimpass.TrimpassError, match="capacity"):
         trimpass.self_drafter(model, capacity=-1)
     with pytest.raises(TypeError, match="model: expected a Hugging Face causal LM"):
@@ -75,6 +79,22 @@ def test_bad_input_fails_before_anything_is_built():
     with pytest.raises(ValueError, match=f"head has {V + 5} rows but its input embedding {V}"):
         trimpass.self_drafter(other)
     assert "_compiled_call_impl" not in model.__dict__
+
+
+def test_the_default_drafts_until_the_trimmed_confidence_drops():
+    model = MODELS["qwen2"]().eval()
+    torch._dynamo.reset()
+    draft = trimpass.self_drafter(model, learn_core=64, inner="aot_eager")
+    g = draft.generation_config
+    assert (g.num_assistant_tokens, g.assistant_confidence_threshold) == (16, 0.4)
+    ids = torch.randint(0, V, (1, 9))
+    with torch.no_grad():
+        with head_runs(draft) as runs:
+            got = model.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12,
+                                 pad_token_id=0)
+        assert torch.equal(got, model.generate(ids, do_sample=False, max_new_tokens=12,
+                                               pad_token_id=0))
+    runs.check()
 
 
 def test_a_batch_of_two_is_refused_by_hugging_face_with_its_reason():

@@ -47,11 +47,17 @@ def _shallow(module, config):
     return out
 
 
-def shared_copy(model, gamma: int):
-    """The assistant: ``model`` over its own parameters, drafting ``gamma`` tokens per round."""
+def shared_copy(model, gamma: int, confidence: float):
+    """The assistant: ``model`` over its own parameters, drafting up to ``gamma`` tokens per round
+    and stopping early where its trimmed confidence drops below ``confidence`` (0: always
+    ``gamma``)."""
     check(model)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma: tokens drafted per verification, an int >= 1, got {gamma!r}")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0 <= confidence < 1:
+        raise ValueError(f"confidence: the drafter's probability below which a draft stops, in "
+                         f"[0, 1) (0: always gamma tokens), got {confidence!r}")
     config = copy.deepcopy(model.config)
     if getattr(config, "_attn_implementation", None) == exact.NAME:
         config._attn_implementation = "sdpa"
@@ -63,5 +69,5 @@ def shared_copy(model, gamma: int):
     draft.generation_config = copy.deepcopy(model.generation_config)
     g = draft.generation_config
     g.num_assistant_tokens, g.num_assistant_tokens_schedule = gamma, "constant"
-    g.assistant_confidence_threshold = 0.0
+    g.assistant_confidence_threshold = float(confidence)
     return draft
