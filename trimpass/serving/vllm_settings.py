@@ -11,7 +11,6 @@ from trimpass.config import DYNAMIC_DEFAULTS, FLAT_ESCAPE, TrimConfig, TrimpassE
 
 SETTINGS_FILE = "trimpass.json"
 ENV = "TRIMPASS_VLLM"
-# TrimConfig's settings that mean something in an engine; the rest (the compiler's) do not apply.
 # TrimConfig settings this engine's route cannot run: refused by name, not dropped
 UNSUPPORTED = {k: "vLLM's route has no escape path (its drafter's logits come from "
                "trimpass.serving.head, which has none)" for k in ("escape", *FLAT_ESCAPE)}
