@@ -148,8 +148,8 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
     best with the real Gemma-3-270M (x1.58 the plain target, against x1.47 at a fixed 4 and x1.54
     at 6; ``bench/results/self_gamma.md``)."""
     from trimpass.hf.selfdraft import shared_copy
-    TrimConfig(**config)  # the settings checked before anything is built
-    return trim(shared_copy(model, gamma, confidence), **config)
+    be = make_backend(**config)  # the settings checked before anything is built
+    return _compile_module(shared_copy(model, gamma, confidence), be)
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

@@ -16,8 +16,9 @@ def is_lowrank_key(key: str) -> bool:
 
 
 def lowrank_pairs(state: dict, tensors: dict[str, torch.Tensor]) -> list:
-    """Check ``tensors`` (the format of :func:`lowrank_tensors`) against a module's state dict:
-    ``[(weight, A, B), ...]``, or ValueError for a missing partner or a shape that does not fit."""
+    """Check ``tensors`` (the format :func:`trimpass.train.lowrank.lowrank_tensors` writes)
+    against a module's state dict: ``[(weight, A, B), ...]``, or ValueError for a missing partner
+    or a shape that does not fit."""
     pairs = []
     for key in (k for k in tensors if k.endswith(LORA_A)):
         base, b_key = key[:-len(LORA_A)], key[:-len(LORA_A)] + LORA_B

@@ -62,12 +62,10 @@ class DCut(Policy):
         return dcut(conf, cost, draft_time=draft_time, buckets=self.settings.get("buckets"))
 
 
-class AllOrNothing(DCut):
+class AllOrNothing(Policy):
     """A step's whole draft or none of it, by D-Cut's cost model; drafts as far as asked."""
     name = "all-or-nothing"
-
-    def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
-        return False, None
+    reads_confidence = True
 
     def keep(self, conf, cost, draft_time):
         return dcut(conf, cost, draft_time=draft_time, buckets=[conf.numel()])

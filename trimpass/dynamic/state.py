@@ -65,6 +65,7 @@ class ActiveState:
         self.requests: dict = {}  # engine request id -> row
         self._steps = self._refreshes = 0  # host schedules: the learned core's ranking, refresh
         self._identity = True  # batch position b uses row b (until an engine binds requests)
+        self.policies: list = []  # the admission policies its settings turn on (built by build)
 
     # ---- construction -------------------------------------------------------------------------
     def core_ids(self) -> torch.Tensor:
@@ -258,7 +259,7 @@ class ActiveState:
             "active": [] if count is None else count.tolist(), "calls": self.calls,
             "requests": len(self.requests), "bytes_per_row": self.bytes_per_row(),
             "escapes": 0 if self.V is None else int(self.fired),
-            **{k: v for p in getattr(self, "policies", ()) for k, v in p.stats().items()},
+            **{k: v for p in self.policies for k, v in p.stats().items()},
         }
 
     def bytes_per_row(self) -> int:
@@ -266,7 +267,7 @@ class ActiveState:
         count, binding, and what the admission policies keep per row (the drafter-wide tensors
         aside)."""
         row = 2 * (self.settings.capacity + vocab_state.SCRATCH) * 8 + 4 + 8
-        return row + sum(p.bytes_per_row() for p in getattr(self, "policies", ()))
+        return row + sum(p.bytes_per_row() for p in self.policies)
 
 
 def _capturing(t: torch.Tensor) -> bool:

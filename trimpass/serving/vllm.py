@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 
+from trimpass.budget.policies import POLICIES
+from trimpass.budget.policies import check_settings as check_budget
 from trimpass.config import TrimpassError, disabled
-from trimpass.serving.vllm_budget import POLICIES
-from trimpass.serving.vllm_budget import check_settings as check_budget
 from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face keeps these names)
     ENV,
     EXTRA_KEYS,

@@ -30,7 +30,7 @@ from trimpass import measure as _m
 from trimpass.base import softmax_max
 from trimpass.budget import CostTable
 from trimpass.budget.calibration import Calibration
-from trimpass.budget.policies import POLICIES, check_settings, make  # noqa: F401  (vllm.py's)
+from trimpass.budget.policies import make
 
 
 class _StopDrafting(Exception):
