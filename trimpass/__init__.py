@@ -14,11 +14,18 @@ import types
 import torch
 
 from trimpass import ops  # noqa: F401  (registers the torch.library ops)
-from trimpass.backend import TrimBackend, TrimpassWarning, backend_for, dynamo_entry, make_backend
+from trimpass.backend import (
+    TrimBackend,
+    TrimpassWarning,
+    backend_for,
+    compile_inner,
+    dynamo_entry,
+    make_backend,
+)
 from trimpass.config import Escape, TrimConfig, TrimpassError
 from trimpass.dynamic import ops as _dynamic_ops  # noqa: F401  (and the dynamic vocabulary's)
 
-__all__ = ["backend", "trim", "self_drafter", "TrimConfig", "Escape", "TrimpassError",
+__all__ = ["backend", "trim", "self_drafter", "generate", "TrimConfig", "Escape", "TrimpassError",
            "TrimpassWarning", "explain", "reset", "stats", "observe", "pair", "active_ids",
            "active_state", "ops"]
 
@@ -123,7 +130,15 @@ def stats(draft) -> dict:
     batch position of the latest call; one entry in the static mode). Dynamic mode adds
     ``capacity``, ``max_rows``, ``core`` (core slots per row: kept + configured + learned),
     ``learned``, ``calls`` (admissions), ``requests`` (engine-bound rows) and ``bytes_per_row``.
+    For a model :func:`generate` decoded: ``mode`` "fused", the loop's counters summed over its
+    calls (``rounds``, ``drafted``, ``accepted``, ``emitted``, ``body_steps``, ``trimmed_calls``,
+    ``verifications``, ``rechecks``, ``acceptance``, ``mat``) and ``drafter``, its step's stats.
     """
+    loop = getattr(draft, "_trimpass_fused", None)
+    if loop is not None:  # a model trimpass.generate decoded: the loop's counters
+        out = loop.stats.as_dict()
+        out["drafter"] = stats(loop.step) if loop.speculate and active_state(loop.step) else None
+        return out
     be = _backend_of(draft)
     if not be.config.dynamic:
         idx = be.config.settings.index(1 << 62, "cpu")[0]
@@ -150,6 +165,44 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
     from trimpass.hf.selfdraft import shared_copy
     be = make_backend(**config)  # the settings checked before anything is built
     return _compile_module(shared_copy(model, gamma, confidence), be)
+
+
+def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             attention_mask=None, gamma: int | None = None, confidence: float | None = None,
+             speculate: bool = True, **config) -> torch.Tensor:
+    """Decode with ``model`` drafting for itself in one fused loop; returns prompt + new ids
+    ``[1, P + n]``, as ``model.generate`` does. The trimmed head drafts up to ``gamma`` tokens,
+    stopping where its confidence drops below ``confidence``; the full head verifies the body's
+    stored hidden states in one batched product, and the KV cache rolls back to the first mismatch:
+    no body pass is spent on verification (:mod:`trimpass.hf.fused`). Greedy decoding emits the
+    full head's argmax of every step; sampling (``do_sample=True``; ``temperature``, ``top_k``,
+    ``top_p`` as ``model.generate`` applies them, None: off) is lossless in distribution by
+    speculative sampling. Stops at ``max_new_tokens`` or the generation config's EOS.
+    ``speculate=False`` decodes plainly through the same compiled body (the reference for a
+    bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
+    Batch 1. :func:`stats` reports the loop's counters."""
+    from trimpass.hf import fused
+    fused.check_model(model)
+    fused.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
+                     top_p)
+    gamma = fused.GAMMA if gamma is None else gamma
+    confidence = fused.CONFIDENCE if confidence is None else confidence
+    fused.check_schedule(gamma, confidence)
+    key = (gamma, float(confidence), bool(speculate), repr(sorted(config.items())))
+    loop = getattr(model, "_trimpass_fused", None)
+    if loop is None or loop.key != key:
+        be = make_backend(**config)
+        cfg = be.config
+
+        def plain(gm, example_inputs):
+            return compile_inner(gm, example_inputs, cfg.inner, cfg.mode, cfg.options)
+
+        loop = fused.FusedLoop(model, gamma, confidence, speculate, be, plain)
+        loop.key = key
+        model._trimpass_fused = loop
+    sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
+    return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model))
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

@@ -1,0 +1,252 @@
+"""The fused self-speculative loop behind :func:`trimpass.generate`: a Hugging Face causal LM drafts
+for itself through its own trimmed head and verifies with its full head, without a second body pass.
+
+The body runs one token at a time, as plain decoding does, over a static KV cache (every layer a
+full-length ``StaticLayer``: a sliding-window layer's mask still applies the window, and rolling
+back is setting the cache's length). Each step's hidden state is kept; the trimmed head (the step
+compiled through trimpass) drafts the next token. Every ``gamma`` steps, or where the trimmed
+confidence drops below ``confidence``, the full head verifies the kept hidden states in one batched
+product (:mod:`trimpass.hf.accept`); the cache rolls back to the first mismatch and the full head's
+own token follows. Each emitted token costs one body step; a round costs one full-head product.
+Host reads per round: the accepted count (and, with ``confidence > 0``, the confidence per draft
+step). Batch 1 only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+from trimpass.config import disabled
+from trimpass.hf import accept, selfdraft
+from trimpass.loops.stats import LoopStats
+
+GAMMA, CONFIDENCE = 8, 0.4  # the defaults: bench/results/fused.md
+
+
+@dataclass
+class FusedStats(LoopStats):
+    body_steps: int = 0  # one-token body passes (prefill not counted)
+    trimmed_calls: int = 0  # body steps that ran the trimmed head
+    verifications: int = 0  # batched full-head products
+    rechecks: int = 0  # rows computed again alone at a near-tie
+
+    def as_dict(self) -> dict:
+        return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
+                    accepted=self.accepted, emitted=self.emitted, body_steps=self.body_steps,
+                    trimmed_calls=self.trimmed_calls, verifications=self.verifications,
+                    rechecks=self.rechecks, acceptance=self.acceptance, mat=self.mat)
+
+
+class _Step(torch.nn.Module):
+    """One pass of ``model``'s body over new ids; returns the last row's hidden state and, with a
+    head, its logits (the graph trimpass trims)."""
+
+    def __init__(self, model, head: bool):
+        super().__init__()
+        self.body = getattr(model, model.base_model_prefix)
+        self.head = model.get_output_embeddings() if head else None
+        self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
+
+    def forward(self, ids, positions, cache):
+        h = self.body(input_ids=ids, position_ids=positions, past_key_values=cache,
+                      use_cache=True).last_hidden_state[:, -1]
+        if self.head is None:
+            return h, None
+        z = self.head(h)
+        return h, torch.tanh(z / self.cap) * self.cap if self.cap else z
+
+
+def check_model(model) -> None:
+    """A clear error for a model the loop cannot serve, naming what is missing."""
+    selfdraft.check(model)
+    prefix = getattr(model, "base_model_prefix", "")
+    if not isinstance(getattr(model, prefix, None) if prefix else None, torch.nn.Module):
+        raise ValueError(f"model: {type(model).__name__} has no base model under its "
+                         f"base_model_prefix ({prefix!r}); the fused loop runs the body alone")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("model: an encoder-decoder model; the fused loop serves decoder-only "
+                         "causal LMs")
+
+
+def _int(name, value, lo, what):
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name}: {what}, an int >= {lo}, got {value!r}")
+
+
+def check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
+               top_p) -> None:
+    """A clear error for a bad argument of :func:`trimpass.generate`, before any compute."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 \
+            or input_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"input_ids: expected integer ids [batch, length >= 1], got "
+                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids: the fused loop decodes one sequence at a time, got a batch "
+                         f"of {input_ids.shape[0]}; call it per prompt (prompts of different "
+                         "lengths need no padding that way)")
+    if attention_mask is not None and (attention_mask.shape != input_ids.shape
+                                       or not bool(attention_mask.bool().all())):
+        raise ValueError("attention_mask: the fused loop takes an unpadded prompt (all ones, the "
+                         "shape of input_ids); drop the padding")
+    _int("max_new_tokens", max_new_tokens, 1, "tokens to generate")
+    if not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample: True or False, got {do_sample!r}")
+    if do_sample and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                      or not temperature > 0):
+        raise ValueError(f"temperature: must be > 0 when sampling (do_sample=False decodes "
+                         f"greedily), got {temperature!r}")
+    if top_k is not None:
+        _int("top_k", top_k, 1, "ids kept for sampling (None: all)")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p: a probability in (0, 1] (None: no nucleus), got {top_p!r}")
+
+
+def check_schedule(gamma, confidence) -> None:
+    _int("gamma", gamma, 1, "tokens drafted per verification")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0 <= confidence < 1:
+        raise ValueError(f"confidence: the trimmed probability below which drafting stops, in "
+                         f"[0, 1) (0: always gamma tokens), got {confidence!r}")
+
+
+class Sampler:
+    """The target's distribution as ``model.generate`` samples it (temperature, top-k, top-p, in
+    that order, in fp32) and the drafter's (the temperature-scaled trimmed softmax)."""
+
+    def __init__(self, temperature, top_k, top_p):
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+        self.t = float(temperature)
+        warpers = [TemperatureLogitsWarper(self.t)] if self.t != 1.0 else []
+        warpers += [TopKLogitsWarper(top_k)] if top_k is not None else []
+        warpers += [TopPLogitsWarper(top_p)] if top_p is not None and top_p < 1 else []
+        self.warpers = LogitsProcessorList(warpers)
+
+    def target(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.warpers(None, z.float()), dim=-1)
+
+    def draft(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(z.float() / self.t, dim=-1)
+
+
+class FusedLoop:
+    """The loop for one model and one set of settings: its compiled step, static cache and
+    counters (kept on the model as ``model._trimpass_fused``)."""
+
+    def __init__(self, model, gamma: int, confidence: float, speculate: bool, backend, plain):
+        """``backend`` compiles the drafting step (its trimmed head); ``plain`` (the inner
+        compiler alone) the head-less step of plain decoding, used when ``speculate`` is False or
+        trimpass is disabled."""
+        self.model, self.gamma, self.confidence = model, gamma, float(confidence)
+        self.speculate, self.backend = speculate and not disabled(), backend
+        self.step = _Step(model, head=self.speculate).eval()
+        self.step.compile(backend=backend if self.speculate else plain)
+        self.head = accept.FullHead(model)
+        self.cache, self.capacity = None, 0
+        self.stats = FusedStats(name="fused")
+
+    def _fresh_cache(self, length: int) -> Cache:
+        """The static cache, emptied (grown in steps of 256 positions: a new one recompiles)."""
+        if length > self.capacity:
+            cfg = self.model.config.get_text_config(decoder=True)
+            p = next(self.model.parameters())
+            self.capacity = -(-length // 256) * 256
+            heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+            dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            self.cache = Cache(layers=[StaticLayer(self.capacity)
+                                       for _ in range(cfg.num_hidden_layers)])
+            self.cache.early_initialization(1, heads, dim, p.dtype, p.device)
+        self._rollback(0)
+        return self.cache
+
+    def _rollback(self, length: int) -> None:
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(length)
+
+    def _run(self, ids: torch.Tensor, at: int):
+        positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
+        return self.step(ids, positions, self.cache)
+
+    def _round(self, token, at: int, budget: int, sampler):
+        """Draft from ``token`` at position ``at``, verify, roll back; returns the emitted ids."""
+        hs, drafted, qs = [], [], []
+        for j in range(min(self.gamma, budget)):
+            h, z = self._run(token.view(1, 1), at + j)
+            hs.append(h)
+            if sampler is None:
+                token = z.argmax(-1)
+                conf = float(torch.softmax(z, -1, dtype=torch.float32).amax()) \
+                    if self.confidence else 1.0
+            else:
+                q = sampler.draft(z)
+                token = torch.multinomial(q, 1)[:, 0]
+                qs.append(q)
+                conf = float(q.amax()) if self.confidence else 1.0
+            drafted.append(token)
+            if conf < self.confidence:
+                break
+        k, H, d = len(hs), torch.cat(hs), torch.cat(drafted)
+        s = self.stats
+        s.rounds, s.drafted, s.body_steps = s.rounds + 1, s.drafted + k, s.body_steps + k
+        s.trimmed_calls, s.verifications = s.trimmed_calls + k, s.verifications + 1
+        if sampler is None:
+            target, again = accept.greedy(self.head, H)
+            s.rechecks += again
+            n = int(torch.ne(target, d).cumsum(0).eq(0).sum())
+            new = d[:n].tolist() + ([int(target[n])] if n < k else [])
+        else:
+            n, fix = accept.speculative(sampler.target(self.head(H)), torch.cat(qs), d)
+            new = d[:n].tolist() + ([fix] if fix is not None else [])
+        s.accepted += n
+        self._rollback(at + len(new))
+        return new
+
+    def _plain(self, token, at: int, sampler):
+        h, _ = self._run(token.view(1, 1), at)
+        self.stats.body_steps += 1
+        return [self._first(h, sampler)]
+
+    def _first(self, h, sampler) -> int:
+        if sampler is None:
+            self.stats.verifications += 1
+            return int(accept.greedy(self.head, h)[0][0])
+        return int(torch.multinomial(sampler.target(self.head(h)), 1)[0, 0])
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens, sampler, eos: set[int]) -> torch.Tensor:
+        state = self.backend.state_for(self.step) if self.speculate else None
+        if state is not None and state.V is not None:
+            state.reset()  # a new request: its context ids, not the last one's
+        P = input_ids.shape[1]
+        self._fresh_cache(P + max_new_tokens)
+        ids = input_ids.to(self.head.weight.device)
+        if P > 1:
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+        h, _ = self._run(ids, 0)
+        out = [self._first(h, sampler)]
+        while len(out) < max_new_tokens and out[-1] not in eos:
+            token = torch.tensor([out[-1]], device=ids.device)
+            at = P + len(out) - 1
+            budget = max_new_tokens - len(out)
+            new = self._round(token, at, budget, sampler) if self.speculate \
+                else self._plain(token, at, sampler)
+            out += new
+        for i, t in enumerate(out):
+            if t in eos:
+                out = out[:i + 1]
+                break
+        self.stats.emitted += len(out)
+        tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
+        return torch.cat([input_ids, tail], dim=1)
+
+
+def eos_ids(model) -> set[int]:
+    e = getattr(model.generation_config, "eos_token_id", None)
+    return set() if e is None else {int(x) for x in (e if isinstance(e, (list, tuple)) else [e])}
