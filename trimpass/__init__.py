@@ -190,17 +190,16 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     confidence = fused.CONFIDENCE if confidence is None else confidence
     fused.check_schedule(gamma, confidence)
     key = (gamma, float(confidence), bool(speculate), repr(sorted(config.items())))
-    loop = getattr(model, "_trimpass_fused", None)
-    if loop is None or loop.key != key:
+    loops = model.__dict__.setdefault("_trimpass_loops", {})
+    if key not in loops:  # each setting compiles its own step once, kept for its next call
         be = make_backend(**config)
         cfg = be.config
 
         def plain(gm, example_inputs):
             return compile_inner(gm, example_inputs, cfg.inner, cfg.mode, cfg.options)
 
-        loop = fused.FusedLoop(model, gamma, confidence, speculate, be, plain)
-        loop.key = key
-        model._trimpass_fused = loop
+        loops[key] = fused.FusedLoop(model, gamma, confidence, speculate, be, plain)
+    loop = model._trimpass_fused = loops[key]  # the one stats(model) reports
     sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
     return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model))
 

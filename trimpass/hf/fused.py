@@ -13,6 +13,7 @@ step). Batch 1 only.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
@@ -48,8 +49,12 @@ class _Step(torch.nn.Module):
         self.body = getattr(model, model.base_model_prefix)
         self.head = model.get_output_embeddings() if head else None
         self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
+        # Dynamo keeps at most recompile_limit (8) graphs per code object, and each step
+        # instance compiles its own (prefill, decode): a code object per step, not per class
+        code = _Step.step.__code__.replace()
+        self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
 
-    def forward(self, ids, positions, cache):
+    def step(self, ids, positions, cache):
         h = self.body(input_ids=ids, position_ids=positions, past_key_values=cache,
                       use_cache=True).last_hidden_state[:, -1]
         if self.head is None:
@@ -138,7 +143,7 @@ class Sampler:
 
 class FusedLoop:
     """The loop for one model and one set of settings: its compiled step, static cache and
-    counters (kept on the model as ``model._trimpass_fused``)."""
+    counters (one per setting, kept on the model; ``model._trimpass_fused`` is the latest)."""
 
     def __init__(self, model, gamma: int, confidence: float, speculate: bool, backend, plain):
         """``backend`` compiles the drafting step (its trimmed head); ``plain`` (the inner
