@@ -37,13 +37,15 @@ def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
     esc = st.settings.escape
     if esc:
         st.proxy.of(W)  # built once per weight, outside the timed steps
-    agree = steps = rows = 0
+    agree = steps = rows = live = cover = 0
     secs = 0.0
     for p, h, toks in zip(prompts, hs, tokens, strict=True):
         torch.ops.trimpass.admit(st.token, torch.tensor([p]), torch.zeros(1, 1), st.serial)
         for t in range(h.shape[0]):
             idx, count = torch.ops.trimpass.active(st.token, 1, st.settings.capacity, st.serial)
             x = h[t].view(1, 1, -1)
+            live += int(count[0])
+            cover += toks[t] in set(idx[0, :int(count[0])].tolist())
             t0 = time.perf_counter()
             if esc:
                 fired = int(st.fired)
@@ -60,7 +62,8 @@ def _replay(hs, tokens, prompts, V, W, feedback=0, lag=4, **cfg):
                 st.observe((h[t - lag] @ W.T).view(1, 1, -1), feedback)
     fire = int(st.fired) / steps if esc else 0.0
     return dict(agree=agree / steps, rows=rows / steps, fire=fire, ms=1e3 * secs / steps,
-                proxy_rows=fire * V * (esc.rank if esc else 0) / W.shape[1] / 2)
+                proxy_rows=fire * V * (esc.rank if esc else 0) / W.shape[1] / 2,
+                live=live / steps, cover=cover / steps)
 
 
 def _static(hs, tokens, ids, W):
@@ -70,7 +73,8 @@ def _static(hs, tokens, ids, W):
         pick = ids[(h @ Wk.T).argmax(-1)]
         agree += int((pick == torch.tensor(toks)).sum())
         n += len(toks)
-    return dict(agree=agree / n, rows=float(len(ids)), fire=0.0, ms=float("nan"), proxy_rows=0.0)
+    return dict(agree=agree / n, rows=float(len(ids)), fire=0.0, ms=float("nan"), proxy_rows=0.0,
+                live=float(len(ids)), cover=float("nan"))
 
 
 def main(argv=None) -> int:
@@ -85,6 +89,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lag", type=int, default=4, help="steps before feedback arrives (gamma)")
     ap.add_argument("--no-sweep", action="store_true",
                     help="skip the static lists and the escape sweep (the default escape only)")
+    ap.add_argument("--slots", nargs="+", default=[], metavar="N|none",
+                    help="instead of the sweep: the default escape path with each bound on the "
+                    "escaped ids a row keeps (Escape.slots; none: unbounded)")
+    ap.add_argument("--drafter", choices=["self", "random"], default="self",
+                    help="whose hidden states are replayed: the model's own, or random ones of "
+                    "the same norm (an unconfident drafter, on the same token streams)")
     a = ap.parse_args(argv)
     import transformers
 
@@ -113,6 +123,10 @@ def main(argv=None) -> int:
     n = sum(len(t) for t in tokens)
     print(f"{name}: {len(prompts)} held-out prompts x {a.steps} greedy steps; the full head on "
           f"the recorded states reproduces {check}/{n} greedy tokens", file=sys.stderr)
+    if a.drafter == "random":
+        g = torch.Generator().manual_seed(0)
+        hs = [torch.randn(h.shape, generator=g) * h.norm(dim=1, keepdim=True) / h.shape[1] ** 0.5
+              for h in hs]
     from trimpass.select.corpora import held_out, read
     from trimpass.train.data import encode_doc
     counts = torch.zeros(V)
@@ -123,14 +137,19 @@ def main(argv=None) -> int:
         if k >= 3000:
             break
     rows = []
-    for K in () if a.no_sweep else (3000, 8000, 16000):
+    sweep = not (a.no_sweep or a.slots)
+    for K in (3000, 8000, 16000) if sweep else ():
         rows.append((f"static top-{K}", _static(hs, tokens, counts.topk(K).indices, W)))
     base = dict(capacity=4096, learn_core=1024, max_rows=1)
     default = dict(escape=Escape(rank=16, topk=64, gate=0.5))
     variants = [("context + learned core", {"escape": None})]
-    for r in (16,) if a.no_sweep else (16, 64, 128):
-        for k in (64,) if a.no_sweep else (64, 256):
-            for gate in (0.5,) if a.no_sweep else (0.5, 0.7, 0.9):
+    for slots in a.slots:
+        n_slots = None if slots == "none" else int(slots)
+        variants.append((f"+ escape r16 k64 gate 0.5, slots {slots}",
+                         dict(escape=Escape(rank=16, topk=64, gate=0.5, slots=n_slots))))
+    for r in (16, 64, 128) if sweep else () if a.slots else (16,):
+        for k in (64, 256) if sweep else (64,):
+            for gate in (0.5, 0.7, 0.9) if sweep else (0.5,):
                 variants.append((f"+ escape r{r} k{k} gate {gate}",
                                  dict(escape=Escape(rank=r, topk=k, gate=gate))))
     if a.feedback:
@@ -140,11 +159,13 @@ def main(argv=None) -> int:
                      (f"+ escape r16 k64 gate 0.5 + feedback k{a.feedback}", {**default, **fb})]
     for label, cfg in progress(variants, desc="replaying variants"):
         rows.append((label, _replay(hs, tokens, prompts, V, W, **base, **cfg)))
-    print("\n| variant | greedy agreement | head rows / step | escape fires | proxy (row-eq.) "
-          "| head op ms / step |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n{a.drafter} drafter, {len(prompts)} prompts x {a.steps} steps")
+    print("| variant | greedy agreement | coverage | mean live ids | head rows / step | escape "
+          "fires | proxy (row-eq.) | head op ms / step |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, r in rows:
-        print(f"| {label} | {100 * r['agree']:.1f}% | {r['rows']:,.0f} | {100 * r['fire']:.0f}% "
+        print(f"| {label} | {100 * r['agree']:.1f}% | {100 * r['cover']:.1f}% | "
+              f"{r['live']:,.0f} | {r['rows']:,.0f} | {100 * r['fire']:.0f}% "
               f"| {r['proxy_rows']:,.0f} | {r['ms']:.2f} |")
     import matplotlib
     matplotlib.use("Agg")

@@ -9,7 +9,9 @@ that raises counts as a failed check, and the others still run), 2 without a CUD
 without trimpass installed. Correctness: the kernel's logits against a float32 reference, ``-inf``
 past the device-side count and on inactive ids, the state update with no host sync that admits
 every received id, a trimmed drafter step that matches the untrimmed one on its active ids. Speed
-(GPU only): the trimmed head and the trimmed drafter step beat their untrimmed versions.
+(GPU only): the trimmed head and the trimmed drafter step beat their untrimmed versions. The fused
+loop (``bench/gpu_fused.py``): its output equals plain decoding through the same body, with CUDA
+graphs, and its tokens/s beside plain decoding's.
 ``--dry-run`` runs every section on the CPU under the Triton interpreter at tiny sizes (CI does, so
 the script cannot rot): the correctness checks are asserted, the speed checks skipped (its numbers
 mean nothing), and a self-check first plants failures to prove they are counted and fail the run.
@@ -329,6 +331,11 @@ def e2e_section(c: Checks) -> list[dict]:
     return [r]
 
 
+def fused_section(c: Checks) -> list[dict]:
+    import gpu_fused  # beside this script
+    return gpu_fused.section(c, DEVICE, DTYPE)
+
+
 def main() -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run for the CPU smoke version")
@@ -343,7 +350,8 @@ def main() -> int:
     if ARGS.inject_failure:
         c.check("injected failure", False, "planted by --inject-failure")
     results = {"device": name, "head": c.section("head", head_section),
-               "state": c.section("state", state_section), "e2e": c.section("e2e", e2e_section)}
+               "state": c.section("state", state_section), "e2e": c.section("e2e", e2e_section),
+               "fused": c.section("fused", fused_section)}
     results["seconds"] = time.time() - t0
     results["checks"] = [asdict(r) for r in c.rows]
     print(f"total {results['seconds']:.0f} s")

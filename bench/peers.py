@@ -40,7 +40,7 @@ class Row:
 
     def __init__(self, name, run, stats=None):
         self.name, self.run, self.stats = name, run, stats
-        self.seconds, self.tokens, self.same, self.outs = 0.0, 0, 0, []
+        self.seconds, self.tokens, self.same, self.outs, self.heads = 0.0, 0, 0, [], 0
 
 
 def _rows(model, a):
@@ -124,7 +124,11 @@ def main(argv=None) -> int:
     from trimpass.hf import gemma as G
     from trimpass.progress import progress
     from trimpass.select.corpora import held_out_prompts
+    from trimpass.testing.checks import head_ops
     transformers.logging.set_verbosity_error()
+    # three drafters and the fused loops compile the same HF forward code: Dynamo's default of 8
+    # graphs per code object would send the later ones back to eager, untrimmed
+    torch._dynamo.config.recompile_limit = 64
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     model = G.load_model(dtype)
     prompts = [torch.tensor([p]) for p in held_out_prompts(G.GGUFTokenizer(), a.prompts,
@@ -139,9 +143,10 @@ def main(argv=None) -> int:
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for p in progress(prompts, desc="each configuration on each prompt"):
         for r in rows:
-            t = time.perf_counter()
+            t, before = time.perf_counter(), head_ops()
             out = r.run(p)
             r.seconds += time.perf_counter() - t
+            r.heads += head_ops() - before
             r.tokens += out.shape[1] - p.shape[1]
             r.outs.append(out)
             if r.stats:
@@ -157,19 +162,21 @@ def main(argv=None) -> int:
         st = r.stats if isinstance(r.stats, dict) else {}
         table.append(dict(name=r.name, tps=tps[r.name], x_plain=tps[r.name] / tps[plain.name],
                           x_compiled=tps[r.name] / tps[compiled.name], ms=ms, limit=ms / body,
-                          same=same, mat=st.get("mat"), acc=st.get("acceptance")))
+                          same=same, mat=st.get("mat"), acc=st.get("acceptance"), heads=r.heads))
     title = (f"Gemma-3-270M, {a.dtype}, {len(prompts)} held-out prompts x {a.new_tokens} tokens, "
              f"greedy, inner {a.inner}")
     print(f"\n{title}; compiled body-only step: {body:.1f} ms; graphs compiled while timed: "
           f"{graphs}")
     print("| configuration | tokens/s | x plain target | x compiled target | ms / token | "
-          "÷ body-only step | MAT (fused) | acceptance (fused) | output = plain target's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "÷ body-only step | MAT (fused) | acceptance (fused) | trimmed head ops | output = "
+          "plain target's |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for t in table:
         mat = f"{t['mat']:.2f}" if t["mat"] is not None else "-"
         acc = f"{t['acc']:.2f}" if t["acc"] is not None else "-"
         print(f"| {t['name']} | {t['tps']:.2f} | x{t['x_plain']:.2f} | x{t['x_compiled']:.2f} | "
-              f"{t['ms']:.1f} | {t['limit']:.2f} | {mat} | {acc} | {t['same']}/{len(prompts)} |")
+              f"{t['ms']:.1f} | {t['limit']:.2f} | {mat} | {acc} | {t['heads']:,} | "
+              f"{t['same']}/{len(prompts)} |")
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"peers_{a.dtype}.png")
     _plot(table, path, title)

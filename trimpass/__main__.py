@@ -148,6 +148,9 @@ def _demo_args(d) -> None:
     d.add_argument("--inner", default="inductor", choices=["inductor", "aot_eager", "eager"],
                    help="inner compiler for both drafters: inductor (trimpass.trim's default, "
                    "what a user gets) or aot_eager (compiles in half the time)")
+    d.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the whole model drafting for itself in the fused loop "
+                   "(trimpass.generate), the fastest configuration measured here")
     d.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the models run (default: cuda when a GPU is present, else cpu)")
     d.add_argument("--out", default="out", help="folder for demo.png")

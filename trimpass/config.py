@@ -52,10 +52,14 @@ class Escape:
         amortized (``bench/results/escape_frontier.md``).
     topk: ids outside the active set that get their exact logits when it fires.
     gate: it fires on a row whose trimmed max probability is below this, in (0, 1).
+    slots: the most escaped ids a request row keeps between steps; past it, new ones replace the
+        row's escaped ids, earliest first (their exact logits still reach the step that found
+        them). None: as many as the row's free slots hold.
     """
     rank: int = 16
     topk: int = 64
     gate: float = 0.5
+    slots: int | None = 512
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
@@ -67,6 +71,10 @@ class Escape:
                 or not 0 < self.gate < 1:
             raise TrimpassError(f"escape.gate: must be a probability in (0, 1), got "
                                 f"{self.gate!r}")
+        if self.slots is not None and (isinstance(self.slots, bool)
+                                       or not isinstance(self.slots, int) or self.slots < 0):
+            raise TrimpassError(f"escape.slots: escaped ids a row keeps, an int >= 0 (None: no "
+                                f"bound), got {self.slots!r}")
 
 
 DEFAULT_ESCAPE = Escape()  # TrimConfig's default; told apart from an Escape() the user passes

@@ -14,9 +14,10 @@ from trimpass.testing.nosync import no_host_sync
 V, D = 300, 24
 
 
-def _state(rank=8, k=5, gate=0.999, cap=32, rows=3):
+def _state(rank=8, k=5, gate=0.999, cap=32, rows=3, slots=512):
     st = ActiveState(TrimConfig(capacity=cap, learn_core=0, max_rows=rows,
-                                escape=Escape(rank=rank, topk=k, gate=gate)).settings)
+                                escape=Escape(rank=rank, topk=k, gate=gate,
+                                              slots=slots)).settings)
     st.build(V, "cpu")
     return st
 
@@ -257,3 +258,31 @@ def test_escaped_ids_take_free_slots_only_and_never_evict(kernel):
     assert {1, 2, 3, 4, 5, 6} <= _row(st, 0) and len(_row(st, 0)) == 8
     torch.ops.trimpass.admit(st.token, torch.tensor([[7, 8]]), None, st.serial)  # full: evicts
     assert _row(st, 0) == {1, 2, 3, 4, 5, 6, 7, 8}  # the escaped ids, never the request's own
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_escaped_ids_a_row_keeps_stay_within_slots_and_the_newest_replace_the_earliest(kernel):
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(V, D, generator=g)
+    ctx = torch.tensor([[1, 2, 3]])
+    for slots, bound in ((12, 3 + 12), (None, 64)):
+        st = _state(k=5, gate=0.999, cap=64, rows=1, slots=slots)
+        sizes, wrote = [], set()
+        with ops.use_kernel(kernel):
+            for step in range(20):  # unsure on every step: the path fires each time
+                out, _, _ = _step(st, torch.randn(1, 1, D, generator=g), w,
+                                  ctx if step == 0 else ctx[:, :1])
+                wrote |= set(torch.isfinite(out[0, -1]).nonzero().flatten().tolist())
+                row = _row(st, 0)
+                assert {1, 2, 3} <= row  # the request's own ids stay
+                sizes.append(len(row))
+        assert max(sizes) == bound  # bounded by slots, or, unbounded, by the capacity
+        if slots is not None:
+            assert len(wrote - {1, 2, 3}) > 3 * slots  # replaced, not frozen: new ids keep coming
+            assert int(st.fired) >= 15
+
+
+def test_slots_is_checked():
+    with pytest.raises(TrimpassError, match=r"escape.slots: escaped ids a row keeps"):
+        Escape(slots=-1)
+    assert Escape(slots=None).slots is None and Escape().slots == 512

@@ -7,21 +7,22 @@ The proxy of a head ``W[V, d]`` is its best rank-``r`` approximation seen from t
 rows runs 2.5x faster here than over ``V`` short ones), so ``score(h) = (h V_r) Pᵀ ≈ h Wᵀ`` reads
 ``r/d`` of the head's rows at half the bytes. It is rebuilt whenever the weight changes (in place
 or by ``load_state_dict``: its version counter or storage moves). On a step, each batch row's
-confidence is the trimmed distribution's max probability at its last position; rows below ``gate``
-with a free slot take the proxy's top-``k`` ids outside their active set (as many as the row has
-free slots: escaped ids never evict an id and never push a row past its capacity, so a full row
-skips the path), get those ids' exact logits written into the full-vocabulary output, and admit
-them into their request row as its least recently seen ids (they stay until the request's own ids
-need the room). On CPU the gate branches on the host; on other devices every row computes the
-proxy and a ``where`` selects, so the step has static shapes and no host read (CUDA-graph
-capturable).
+confidence is the trimmed distribution's max probability at its last position; rows below
+``gate`` take the proxy's top-``k`` ids outside their active set, which get their exact logits
+written into the full-vocabulary output and are admitted into their request row as its least
+recently seen ids (the request's own ids evict them first), at most ``slots`` of them a row:
+past that, or past the row's free slots, they replace its earlier escaped ids, so what a long
+generation's escapes hold stays bounded (unbounded, escaped ids filled free slots and stayed).
+Escaped ids never evict a seen id and never push a row past its capacity. On CPU the gate
+branches on the host; on other devices every row computes the proxy and a ``where`` selects, so the
+step has static shapes and no host read (CUDA-graph capturable).
 """
 from __future__ import annotations
 
 import torch
 
 from trimpass import base
-from trimpass.kernels.vocab_state import put, take
+from trimpass.kernels.vocab_state import capacity_of, put, take
 
 __all__ = ["Proxy", "escape_step", "top_ids"]
 
@@ -160,29 +161,50 @@ def _escape(state, out, x, weight, bias, idx, count, scale, softcap, host: bool,
         sc.scatter_reduce_(1, idx_f, torch.where(valid, float("-inf"), float("inf")).to(
             sc.dtype), "amin")
     top = top_ids(sc, s.escape.topk)
-    room = s.capacity - (count if rows is None else count[rows]).long()  # never evict, never
-    fits = torch.arange(top.shape[1], device=top.device) < room[:, None]  # exceed capacity
     pool = state.rows_of(B)
     pool = torch.arange(pool.start, pool.stop, device=idx.device) if isinstance(pool, slice) \
         else pool
     if host:
         fire = torch.ones(len(rows), dtype=torch.bool, device=idx.device)
-        last, idx, pool = last[rows], idx[rows], pool[rows]
-    ok = fire[:, None] & fits
+        last, pool = last[rows], pool[rows]
+    # fewer outside ids than topk: the rest are active ids scored -inf, never admitted again
+    kept = _keep(state, pool, top, fire[:, None] & (sc.gather(1, top) != float("-inf")))
     exact = _exact(h, weight, bias, top, scale, softcap).to(out.dtype)
-    new = torch.where(ok, exact, last.gather(1, top))
+    new = torch.where(kept, exact, last.gather(1, top))  # the output's ids stay the active set
     if host:
         out.reshape(B, -1, V)[rows[:, None], -1, top] = new
     else:
         last.scatter_(1, top, new)
         state.fired.add_(fire.sum())
-    # ids that do not fit re-admit an id already active (a no-op but for its recency)
-    state.admit(torch.where(ok, top, idx[:, :1]), None, learn=False, rows=pool)
-    # escaped ids rank as least recently seen: the next ids a request receives evict them first.
-    # Membership through a [rows, V + 2] mark table: 15 us against 200 for a [rows, CAP, k] compare.
-    held = take(state.idx, pool)
-    mark = torch.zeros((held.shape[0], V + 2), dtype=torch.bool, device=held.device)
-    mark.scatter_(1, torch.where(ok, top, V), True)  # column V: no id; V + 1: never marked
-    hit = mark.gather(1, torch.where(held < 0, V + 1, held.long()))
-    hit[:, :state.n_core] = False
-    put(state.stamp, pool, take(state.stamp, pool).masked_fill(hit, 0))
+
+
+def _keep(state, pool, top, ok) -> torch.Tensor:
+    """Admit the escaped ids ``top[ok]`` into rows ``pool``, stamped 0 (least recently seen: the
+    ids a request receives evict them first; one it receives is stamped like any other), at most
+    ``escape.slots`` a row: past that, and past the row's free slots, they replace its escaped
+    ids in slot order. Never evicts a seen id; static shapes, no host read. Returns which were
+    kept."""
+    budget = state.settings.escape.slots
+    I, T, C = take(state.idx, pool), take(state.stamp, pool), take(state.count, pool)  # noqa: E741
+    cap = capacity_of(state.idx)
+    C64 = C.long()[:, None]
+    slots = torch.arange(cap, device=I.device)
+    escaped = (slots >= state.n_core) & (slots < C64) & (T[:, :cap] == 0)
+    E = escaped.sum(1, keepdim=True)
+    free = (cap - C64).clamp(min=0)
+    if budget is not None:
+        free = torch.minimum(free, (budget - E).clamp(min=0))
+    rank = ok.long().cumsum(1) - 1
+    append = ok & (rank < free)
+    k = min(top.shape[1], cap)
+    oldest = torch.where(escaped, slots, cap).topk(k, dim=1, largest=False).values
+    back = (rank - free).clamp(0, k - 1)
+    reuse = ok & ~append & (rank - free < E) & (back < k)
+    target = torch.where(append, C64 + rank, torch.where(reuse, oldest.gather(1, back), cap))
+    put_ok = append | reuse
+    I.scatter_(1, target, torch.where(put_ok, top, I.gather(1, target)).to(I.dtype))
+    T.scatter_(1, target, torch.where(put_ok, 0, T.gather(1, target)))
+    put(state.idx, pool, I)
+    put(state.stamp, pool, T)
+    put(state.count, pool, C + append.sum(1).to(C.dtype))
+    return put_ok
