@@ -1,5 +1,6 @@
 """trimpass.serving.vllm's checks before any engine starts (no vLLM needed)."""
 import json
+import os
 import sys
 
 import pytest
@@ -15,8 +16,13 @@ def _ckpt(path, V, **cfg):
 
 
 @pytest.fixture
-def any_vllm(monkeypatch):
+def any_vllm(monkeypatch, tmp_path):
     monkeypatch.setattr(tv, "_vllm_version", lambda: tv.TESTED_VERSION)
+    monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path / "cache"))
+
+
+def _drafter(args):
+    return args["speculative_config"]["model"]
 
 
 def test_without_vllm_the_error_names_the_extra(tmp_path, monkeypatch):
@@ -48,15 +54,32 @@ def test_settings_reach_workers_through_the_file_and_env(tmp_path, any_vllm, mon
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
     assert tv.resolve(d) is None  # nothing asked: the plugin does nothing
     args = tv.engine_args(t, d, 3, learn_core=8, keep=range(4))
-    assert args["speculative_config"] == {"method": "draft_model", "model": d,
+    drafter = _drafter(args)
+    assert args["speculative_config"] == {"method": "draft_model", "model": drafter,
                                           "num_speculative_tokens": 3}
-    assert tv.resolve(d) == {"learn_core": 8, "keep": [0, 1, 2, 3]}
-    tv.engine_args(t, d, trim=False)
-    assert tv.resolve(d) is None
+    assert drafter.startswith(str(tmp_path / "cache")) and os.listdir(d) == ["config.json"]
+    assert os.path.realpath(os.path.join(drafter, "config.json")) == os.path.join(d,
+                                                                                   "config.json")
+    assert tv.resolve(drafter) == {"learn_core": 8, "keep": [0, 1, 2, 3]}
+    assert tv.resolve(d) is None  # nothing was written into the user's checkpoint
+    untrimmed = _drafter(tv.engine_args(t, d, trim=False))
+    assert tv.resolve(untrimmed) is None and untrimmed != drafter
+    assert tv.resolve(drafter) == {"learn_core": 8, "keep": [0, 1, 2, 3]}  # each its own
     monkeypatch.setenv(tv.ENV, '{"capacity": 512}')
-    assert tv.resolve(d) == {"capacity": 512}
+    assert tv.resolve(drafter) == {"capacity": 512}
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")
-    assert tv.resolve(d) is None
+    assert tv.resolve(drafter) is None
+
+
+def test_without_a_drafter_the_target_drafts_for_itself(tmp_path, any_vllm):
+    t = _ckpt(tmp_path / "t", 100)
+    (tmp_path / "t" / "model.safetensors").write_bytes(b"weights")
+    drafter = _drafter(tv.engine_args(t, None, 4, learn_core=8))
+    assert sorted(os.listdir(drafter)) == ["config.json", "model.safetensors", tv.SETTINGS_FILE]
+    with open(os.path.join(drafter, "model.safetensors"), "rb") as f:
+        assert f.read() == b"weights"
+    assert sorted(os.listdir(t)) == ["config.json", "model.safetensors"]  # only read
+    assert tv.resolve(drafter) == {"learn_core": 8}
 
 
 def test_a_hybrid_attention_target_gets_one_kv_cache_group(tmp_path, any_vllm):
@@ -71,17 +94,16 @@ def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkey
     monkeypatch.delenv("TRIMPASS_DISABLE", raising=False)
     monkeypatch.delenv(tv.ENV, raising=False)
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
-    tv.engine_args(t, d, 8, budget="dcut", learn_core=8)
-    assert tv.resolve_budget(d) == {"policy": "dcut", "measure_s": 10.0}
-    assert tv.resolve(d) == {"learn_core": 8}  # the budget is not a trim setting
-    tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3})
-    assert tv.resolve(d) is None
-    assert tv.resolve_budget(d) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0}
-    tv.engine_args(t, d, 8)
-    assert tv.resolve_budget(d) is None
-    tv.engine_args(t, d, 8, budget="dcut")
+    d1 = _drafter(tv.engine_args(t, d, 8, budget="dcut", learn_core=8))
+    assert tv.resolve_budget(d1) == {"policy": "dcut", "measure_s": 10.0}
+    assert tv.resolve(d1) == {"learn_core": 8}  # the budget is not a trim setting
+    d2 = _drafter(tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3}))
+    assert tv.resolve(d2) is None
+    assert tv.resolve_budget(d2) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0}
+    assert tv.resolve_budget(_drafter(tv.engine_args(t, d, 8))) is None
+    d4 = _drafter(tv.engine_args(t, d, 8, budget="dcut"))
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")
-    assert tv.resolve_budget(d) is None
+    assert tv.resolve_budget(d4) is None
 
 
 @pytest.mark.parametrize("gamma,budget,match", [
@@ -105,7 +127,7 @@ def test_bad_budget_settings_fail_before_serving(tmp_path, any_vllm, gamma, budg
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
     with pytest.raises(ValueError, match=match):
         tv.engine_args(t, d, gamma, budget=budget)
-    assert not (tmp_path / "d" / tv.SETTINGS_FILE).exists()  # nothing written for the workers
+    assert not (tmp_path / "cache").exists()  # nothing written for the workers
 
 
 @pytest.mark.parametrize("key", ["escape", "escape_rank", "refresh_every"])
@@ -113,7 +135,7 @@ def test_a_setting_the_route_cannot_run_is_refused_by_name(tmp_path, any_vllm, k
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
     with pytest.raises(TrimpassError, match=rf"^{key}: vLLM's route"):
         tv.engine_args(t, d, **{key: 4})
-    assert not (tmp_path / "d" / tv.SETTINGS_FILE).exists()
+    assert not (tmp_path / "cache").exists()
 
 
 def test_the_engine_runs_without_the_escape_path():

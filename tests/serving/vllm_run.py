@@ -53,7 +53,7 @@ def sample(d: str, settings: dict) -> None:
 
     from trimpass.serving import vllm as tv
     trim = not settings.pop("untrimmed", False)
-    args = tv.engine_args(d, d, K, trim=trim, **settings)
+    args = tv.engine_args(d, None, K, trim=trim, **settings)
     args["speculative_config"]["draft_sample_method"] = "probabilistic"
     llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=64,
               gpu_memory_utilization=0.2, enforce_eager=True, max_num_seqs=64)
@@ -74,7 +74,7 @@ def dcut_run(d: str, settings: dict, kw: dict) -> None:
     from vllm.inputs import TokensPrompt
 
     from trimpass.serving import vllm as tv
-    llm = LLM(**tv.engine_args(d, d, K, budget=settings, check=True), **kw)
+    llm = LLM(**tv.engine_args(d, None, K, budget=settings, check=True), **kw)
     sp = SamplingParams(temperature=0, max_tokens=24, detokenize=False, ignore_eos=True)
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
     res = {}
@@ -93,6 +93,8 @@ def dcut_run(d: str, settings: dict, kw: dict) -> None:
 
 def main() -> None:
     d, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    # engine_args writes the settings into trimpass's cache: this test's own, beside its model
+    os.environ["TRIMPASS_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(d)), "cache")
     if not os.path.exists(os.path.join(d, "config.json")):
         make_model(d, SAMPLE_V if mode == "sample" else V)
     if mode == "sample":
@@ -112,7 +114,8 @@ def main() -> None:
     elif mode == "dcut":
         return dcut_run(d, settings, kw)
     else:
-        args = tv.engine_args(d, d, K, trim=mode == "trim", **(settings if mode == "trim" else {}))
+        args = tv.engine_args(d, None, K, trim=mode == "trim",
+                              **(settings if mode == "trim" else {}))
     llm = LLM(**args, **kw)
     sp = SamplingParams(temperature=0, max_tokens=24, detokenize=False, ignore_eos=True)
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]

@@ -3,21 +3,24 @@
 vLLM runs a ``draft_model`` drafter with its own KV cache and batching and computes its logits in
 the drafter model's ``compute_logits``, outside any graph trimpass compiles. Trimming is switched
 on by configuration alone: :func:`engine_args` checks the two checkpoints and the settings, writes
-them to ``trimpass.json`` beside the drafter checkpoint and returns the keyword arguments for
+them to ``trimpass.json`` in a linked copy of the drafter checkpoint in trimpass's cache
+(:func:`settings_dir`; never into the user's directory) and returns the keyword arguments for
 ``vllm.LLM(...)``; ``vllm serve TARGET --speculative-config '{"method": "draft_model", "model":
-DRAFTER, ...}'`` reads the same file (or the ``TRIMPASS_VLLM`` environment variable, a JSON object
-of settings or ``1``), in every worker process, through the ``vllm.general_plugins`` entry point
-:func:`register`. ``TRIMPASS_DISABLE=1`` turns it off everywhere. Without either the plugin does
-nothing. :func:`stats` sums the workers' counters from the user's process. The worker-side glue is
-:mod:`trimpass.serving.vllm_hooks`.
+DIR, ...}'`` with that directory reads the same file (or the ``TRIMPASS_VLLM`` environment
+variable, a JSON object of settings or ``1``), in every worker process, through the
+``vllm.general_plugins`` entry point :func:`register`. ``TRIMPASS_DISABLE=1`` turns it off
+everywhere. Without either the plugin does nothing. :func:`stats` sums the workers' counters from
+the user's process. The worker-side glue is :mod:`trimpass.serving.vllm_hooks`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 from trimpass.budget.policies import POLICIES
 from trimpass.budget.policies import check_settings as check_budget
+from trimpass.cache import cache_dir
 from trimpass.config import TrimpassError, disabled
 from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face keeps these names)
     ENV,
@@ -71,15 +74,19 @@ def _jsonable(v):
     return list(v) if isinstance(v, (tuple, set, range)) else v
 
 
-def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int = 4,
+def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative_tokens: int = 4,
                 trim: bool = True, budget: str | dict | None = None, **trim_settings) -> dict:
     """Keyword arguments for ``vllm.LLM(**engine_args(...), dtype=..., ...)``: ``target_dir``
-    served with ``drafter_dir`` as its ``draft_model`` drafter, whose head trimpass trims to each
-    request's active ids (``trim=False``: the same drafter untrimmed). ``trim_settings`` are
-    :class:`trimpass.TrimConfig`'s engine settings (``vocab``, ``keep``, ``capacity``, ``core``,
-    ``learn_core``, ``successors``, ``max_rows``; ``max_rows`` defaults to vLLM's
-    ``max_num_seqs``). Everything is checked here, before an engine starts; the settings are
-    written to ``drafter_dir/trimpass.json``, where every worker process reads them. A target
+    served with ``drafter_dir`` as its ``draft_model`` drafter (None: the target drafting for
+    itself, greedy: vLLM's CPU build is not lossless under sampling even untrimmed), whose head
+    trimpass trims to each request's active ids (``trim=False``: the same drafter untrimmed).
+    ``trim_settings`` are :class:`trimpass.TrimConfig`'s engine settings (``vocab``, ``keep``,
+    ``capacity``, ``core``, ``learn_core``, ``successors``, ``max_rows``; ``max_rows`` defaults to
+    vLLM's ``max_num_seqs``). Everything is checked here, before an engine starts. The settings
+    are written outside the user's checkpoints: into a directory of the trimpass cache that links
+    to every file of ``drafter_dir`` and holds ``trimpass.json`` beside them (:func:`settings_dir`),
+    which vLLM loads as the drafter and where every worker process reads them. vLLM 0.32's
+    draft-model route loads the drafter's weights again, even when it is the target. A target
     mixing sliding and full attention layers also gets ``disable_hybrid_kv_cache_manager=True``
     (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group).
 
@@ -93,6 +100,7 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
         budget = check_budget(budget, num_speculative_tokens)
     if trim:
         check_version(_vllm_version())
+    drafter_dir = target_dir if drafter_dir is None else drafter_dir
     Vt, Vd = vocab_size(target_dir), vocab_size(drafter_dir)
     if Vt != Vd:
         raise ValueError(f"vocab size: the drafter {drafter_dir} has {Vd} ids but the target "
@@ -102,17 +110,38 @@ def engine_args(target_dir: str, drafter_dir: str, num_speculative_tokens: int =
         checked_config(trim_settings, Vd)
     elif trim_settings:
         raise TrimpassError(f"{next(iter(trim_settings))}: a trim setting with trim=False")
-    with open(os.path.join(drafter_dir, SETTINGS_FILE), "w") as f:
-        d = {"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}
-        json.dump(d if budget is None else {**d, "budget": budget}, f)
+    d = {"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}
+    drafter = settings_dir(drafter_dir, d if budget is None else {**d, "budget": budget})
     args = {"model": target_dir,
-            "speculative_config": {"method": "draft_model", "model": drafter_dir,
+            "speculative_config": {"method": "draft_model", "model": drafter,
                                    "num_speculative_tokens": int(num_speculative_tokens)}}
     # vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group; a hybrid
     # sliding/full target (Gemma 3) splits them unless the hybrid KV-cache manager is off
     if len(set(hf_config(target_dir).get("layer_types") or ())) > 1:
         args["disable_hybrid_kv_cache_manager"] = True
     return args
+
+
+def settings_dir(drafter_dir: str, settings: dict) -> str:
+    """The drafter checkpoint vLLM loads: a directory of the trimpass cache (one per checkpoint
+    and settings) with a link to each file of ``drafter_dir`` and ``trimpass.json`` holding
+    ``settings``; the user's directory is only read."""
+    src = os.path.abspath(drafter_dir)
+    text = json.dumps(settings, sort_keys=True)
+    key = hashlib.sha1(f"{src}\n{text}".encode()).hexdigest()[:16]
+    out = os.path.join(cache_dir(), "vllm", f"{os.path.basename(src)}-{key}")
+    os.makedirs(out, exist_ok=True)
+    names = set(os.listdir(src)) - {SETTINGS_FILE}
+    for name in set(os.listdir(out)) - names - {SETTINGS_FILE}:
+        os.remove(os.path.join(out, name))  # a file the checkpoint no longer has
+    for name in names:
+        if not os.path.lexists(os.path.join(out, name)):
+            os.symlink(os.path.join(src, name), os.path.join(out, name))
+    tmp = os.path.join(out, f".{SETTINGS_FILE}.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(out, SETTINGS_FILE))  # workers never read half a file
+    return out
 
 
 def stats(llm) -> dict:
