@@ -54,8 +54,8 @@ class _Step(torch.nn.Module):
         code = _Step.step.__code__.replace()
         self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
 
-    def step(self, ids, positions, cache):
-        h = self.body(input_ids=ids, position_ids=positions, past_key_values=cache,
+    def step(self, ids, position_ids, cache):
+        h = self.body(input_ids=ids, position_ids=position_ids, past_key_values=cache,
                       use_cache=True).last_hidden_state[:, -1]
         if self.head is None:
             return h, None
@@ -219,8 +219,9 @@ class FusedLoop:
         return [self._first(h, sampler)]
 
     def _first(self, h, sampler) -> int:
+        """The full head's own token from one hidden state (the prefill's, plain decoding's)."""
+        self.stats.verifications += 1
         if sampler is None:
-            self.stats.verifications += 1
             return int(accept.greedy(self.head, h)[0][0])
         return int(torch.multinomial(sampler.target(self.head(h)), 1)[0, 0])
 
