@@ -4,7 +4,7 @@ speculative sampling's accept / resample rule.
 
 Row invariance of decisions: a batched head product may round a row differently from the one-row
 product plain decoding computes (this CPU: bit-identical in bf16 for Gemma-3's head, up to 1.4e-6
-apart in fp32, ``bench/results/fused.md``). Only the argmax matters, so a row whose top two
+apart in fp32; ``docs/fused.md``). Only the argmax matters, so a row whose top two
 logits lie closer than :func:`tolerance` is computed again alone; every other row's argmax cannot
 change between the two products. Speculative sampling: a drafted ``x ~ q`` is kept with probability
 ``min(1, p(x) / q(x))``; at the first rejection the token is drawn from ``(p - q)+`` normalized,
