@@ -185,7 +185,7 @@ class FusedLoop:
         hs, drafted, qs = [], [], []
         for j in range(min(self.gamma, budget)):
             h, z = self._run(token.view(1, 1), at + j)
-            hs.append(h)
+            hs.append(h.clone())  # a CUDA-graph replay writes its outputs over the last ones
             if sampler is None:
                 token = z.argmax(-1)
                 conf = float(torch.softmax(z, -1, dtype=torch.float32).amax()) \
