@@ -52,9 +52,9 @@ class Escape:
         amortized (``bench/results/escape_frontier.md``).
     topk: ids outside the active set that get their exact logits when it fires.
     gate: it fires on a row whose trimmed max probability is below this, in (0, 1).
-    slots: the most escaped ids a request row keeps between steps; past it, new ones replace the
-        row's escaped ids, earliest first (their exact logits still reach the step that found
-        them). None: as many as the row's free slots hold.
+    slots: the most escaped ids a request row keeps between steps; past it, new ones overwrite
+        the row's escaped slots, lowest slot first (at first its earliest escapes; after that the
+        same low slots turn over). None: as many as the row's free slots hold.
     """
     rank: int = 16
     topk: int = 64

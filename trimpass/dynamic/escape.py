@@ -11,8 +11,8 @@ confidence is the trimmed distribution's max probability at its last position; r
 ``gate`` take the proxy's top-``k`` ids outside their active set, which get their exact logits
 written into the full-vocabulary output and are admitted into their request row as its least
 recently seen ids (the request's own ids evict them first), at most ``slots`` of them a row:
-past that, or past the row's free slots, they replace its earlier escaped ids, so what a long
-generation's escapes hold stays bounded (unbounded, escaped ids filled free slots and stayed).
+past that, or past the row's free slots, they overwrite its escaped slots, lowest first, so what a
+long generation's escapes hold stays bounded (unbounded, escaped ids filled free slots and stayed).
 Escaped ids never evict a seen id and never push a row past its capacity. On CPU the gate
 branches on the host; on other devices every row computes the proxy and a ``where`` selects, so the
 step has static shapes and no host read (CUDA-graph capturable).
