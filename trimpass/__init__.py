@@ -182,13 +182,13 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
-    from trimpass.hf import fused
+    from trimpass.hf import fused, selfdraft
     fused.check_model(model)
     fused.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
                      top_p)
     gamma = fused.GAMMA if gamma is None else gamma
     confidence = fused.CONFIDENCE if confidence is None else confidence
-    fused.check_schedule(gamma, confidence)
+    selfdraft.check_schedule(gamma, confidence)
     key = (gamma, float(confidence), bool(speculate), repr(sorted(config.items())))
     loops = model.__dict__.setdefault("_trimpass_loops", {})
     if key not in loops:  # each setting compiles its own step once, kept for its next call

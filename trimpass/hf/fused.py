@@ -110,14 +110,6 @@ def check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature
         raise ValueError(f"top_p: a probability in (0, 1] (None: no nucleus), got {top_p!r}")
 
 
-def check_schedule(gamma, confidence) -> None:
-    _int("gamma", gamma, 1, "tokens drafted per verification")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
-            or not 0 <= confidence < 1:
-        raise ValueError(f"confidence: the trimmed probability below which drafting stops, in "
-                         f"[0, 1) (0: always gamma tokens), got {confidence!r}")
-
-
 class Sampler:
     """The target's distribution as ``model.generate`` samples it (temperature, top-k, top-p, in
     that order, in fp32) and the drafter's (the temperature-scaled trimmed softmax)."""

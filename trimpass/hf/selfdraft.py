@@ -36,6 +36,17 @@ def check(model) -> None:
                          f"{E.shape[0]} ids; a self-drafter needs one vocabulary for both")
 
 
+def check_schedule(gamma, confidence) -> None:
+    """A clear error for a draft length or confidence stop of a self-drafter (HF's loop or the
+    fused one)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma: tokens drafted per verification, an int >= 1, got {gamma!r}")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0 <= confidence < 1:
+        raise ValueError(f"confidence: the drafter's probability below which a draft stops, in "
+                         f"[0, 1) (0: always gamma tokens), got {confidence!r}")
+
+
 def _shallow(module, config):
     """``module`` again over the same submodules, parameters and buffers, with its own hooks and
     ``config``."""
@@ -52,12 +63,7 @@ def shared_copy(model, gamma: int, confidence: float):
     and stopping early where its trimmed confidence drops below ``confidence`` (0: always
     ``gamma``)."""
     check(model)
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma: tokens drafted per verification, an int >= 1, got {gamma!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
-            or not 0 <= confidence < 1:
-        raise ValueError(f"confidence: the drafter's probability below which a draft stops, in "
-                         f"[0, 1) (0: always gamma tokens), got {confidence!r}")
+    check_schedule(gamma, confidence)
     config = copy.deepcopy(model.config)
     if getattr(config, "_attn_implementation", None) == exact.NAME:
         config._attn_implementation = "sdpa"
