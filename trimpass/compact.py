@@ -72,6 +72,15 @@ def forget(weight: torch.Tensor, keep_capacity: int) -> None:
         del _cache[k]
 
 
+def held_bytes() -> dict:
+    """Bytes the live cache entries hold: ``rows`` (their compact copies, ids and biases) and
+    ``packed`` (oneDNN's packed copies of them)."""
+    def n(t):
+        return 0 if t is None else t.numel() * t.element_size()
+    return {"rows": sum(n(e.rows) + n(e.snapshot) + n(e.bias) for e in _cache.values()),
+            "packed": sum(n(e.packed) for e in _cache.values())}
+
+
 def rows_gathered() -> int:
     """Total rows gathered by live cache entries (a test hook for incrementality)."""
     return sum(e.gathers for e in _cache.values())

@@ -139,3 +139,22 @@ def test_request_rows_follow_the_batch_and_never_mix_requests():
         assert _row_ids(rows, rid) == set(toks[rid]), rid
     rows.follow([], [], None)
     assert rows.live == 0
+
+
+def test_ids_outside_the_vocabulary_are_left_to_the_engine():
+    rows = _engine_rows()  # V = 1000; an engine that skips its own prompt check passes these on
+    toks = [5, 1000, 7, -1, 123456]
+    rows.follow(["a"], [len(toks)], lambda i, lo, hi: torch.tensor(toks[lo:hi]))
+    assert _row_ids(rows, "a") == {5, 7}
+    toks += [2000, 9]
+    rows.follow(["a"], [len(toks)], lambda i, lo, hi: torch.tensor(toks[lo:hi]))
+    assert _row_ids(rows, "a") == {5, 7, 9}
+
+
+def test_keep_only_releases_the_rows_of_requests_that_left():
+    rows = _engine_rows()
+    rows.follow(["a", "b", "c"], [2, 2, 2], lambda i, lo, hi: torch.tensor([10 * i, 10 * i + 1]))
+    rows.keep_only(["b"])
+    assert set(rows.state.requests) == {"b"} and rows.admitted.keys() == {"b"}
+    rows.keep_only([])
+    assert rows.live == 0

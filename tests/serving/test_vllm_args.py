@@ -140,3 +140,48 @@ def test_a_setting_the_route_cannot_run_is_refused_by_name(tmp_path, any_vllm, k
 
 def test_the_engine_runs_without_the_escape_path():
     assert tv.checked_config({}, 100).settings.escape is None
+
+
+def _spec(d):
+    return {"method": "draft_model", "model": d, "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", r"trimpass\.json: not a JSON object of trimpass settings"),
+    ('["keep"]', r"trimpass\.json: not a JSON object"),
+    ('{"trim": true, "keeep": [1]}', r"trimpass\.json: keeep: not a trimpass setting"),
+    ('{"vocab": [1, 2, 100]}', r"trimpass\.json: .*vocab"),
+    ('{"budget": {"policy": "fixed", "gamma": 9}}', r"trimpass\.json: budget gamma"),
+])
+def test_a_bad_settings_file_stops_the_engine_before_it_starts(tmp_path, monkeypatch, text,
+                                                               match):
+    monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
+    d = _ckpt(tmp_path / "d", 100)
+    (tmp_path / "d" / "trimpass.json").write_text(text)
+    with pytest.raises(TrimpassError, match=match) as e:
+        tv.check_startup(_spec(d))
+    assert d in str(e.value)
+
+
+def test_start_up_checks_pass_good_settings_and_other_routes(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
+    d = _ckpt(tmp_path / "d", 100)
+    tv.check_startup(_spec(d))  # no trimpass.json: nothing asked, nothing checked
+    (tmp_path / "d" / "trimpass.json").write_text('{"trim": true, "vocab": [1, 2, 99]}')
+    tv.check_startup(_spec(d))
+    tv.check_startup(json.dumps(_spec(d)))  # the command line's string form
+    tv.check_startup({"method": "ngram", "num_speculative_tokens": 3})
+    tv.check_startup(None)
+
+
+def test_another_vllm_version_stops_the_engine_where_trimming_is_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
+    d = _ckpt(tmp_path / "d", 100)
+    tv.check_startup(_spec(d), version="0.31.1")  # nothing asked: it serves untrimmed
+    (tmp_path / "d" / "trimpass.json").write_text('{"trim": true}')
+    with pytest.raises(TrimpassError, match=r"trimpass\.json asks for trimming.*this is vllm "
+                                            r"0\.31\.1"):
+        tv.check_startup(_spec(d), version="0.31.1")
+    monkeypatch.setenv("TRIMPASS_VLLM", '{"capacity": 0}')
+    with pytest.raises(TrimpassError, match="the TRIMPASS_VLLM environment variable: capacity"):
+        tv.check_startup(_spec(d))

@@ -114,25 +114,37 @@ class RequestRows:
         st = self.state
         if st is None:
             return
-        live = set(req_ids)
-        for rid in [r for r in st.requests if r not in live]:
-            self.release(rid)
-        new = {rid: torch.as_tensor(tokens(i, 0, lengths[i])) for i, rid in enumerate(req_ids)
+        self.keep_only(req_ids)
+        new = {rid: self._ids(tokens(i, 0, lengths[i])) for i, rid in enumerate(req_ids)
                if rid not in st.requests}
         st.bind(req_ids, tokens=new)
         for i, rid in enumerate(req_ids):
             n = lengths[i]
             if rid in new:
-                if n:
-                    st.learn(new[rid].long().to(st.freq.device))
+                if new[rid].numel():
+                    st.learn(new[rid].to(st.freq.device))
                 self.admitted[rid] = n
                 continue
             a = min(self.admitted.get(rid, 0), n)
-            if n > a:
-                toks = torch.as_tensor(tokens(i, a, n)).long()[None]
+            toks = self._ids(tokens(i, a, n)) if n > a else None
+            if toks is not None and toks.numel():
                 row = torch.tensor([st.requests[rid]], device=st.idx.device)
-                st.admit(toks.to(st.idx.device), None, learn=True, rows=row)
+                st.admit(toks[None].to(st.idx.device), None, learn=True, rows=row)
             self.admitted[rid] = n
+
+    def _ids(self, toks) -> torch.Tensor:
+        """A request's tokens as ids of this vocabulary: an id outside ``[0, V)`` (an engine that
+        does not check its prompts) is left out here, so the engine's own check, or its embedding,
+        is what reports it."""
+        t = torch.as_tensor(toks).long().reshape(-1)
+        return t[(t >= 0) & (t < self.state.V)]
+
+    def keep_only(self, req_ids) -> None:
+        """Release the rows of every request not in ``req_ids`` (those that left the batch)."""
+        if self.state is not None:
+            live = set(req_ids)
+            for rid in [r for r in self.state.requests if r not in live]:
+                self.release(rid)
 
     def release(self, rid) -> None:
         """A request left (finished, aborted or preempted): its row becomes free."""

@@ -186,12 +186,74 @@ def set_budget(llm, budget: str | dict) -> dict:
     return llm.collective_rpc("trimpass_budget", args=(settings,))[0]
 
 
+def check_startup(speculative_config, version: str = TESTED_VERSION) -> None:
+    """What an engine is started with, checked before it starts (in the process that parses its
+    arguments: the API server, or ``vllm.LLM``'s caller): a ``draft_model`` drafter's
+    ``trimpass.json`` must be a JSON object of known settings valid for its vocabulary, with a
+    valid budget, and trimming needs the vLLM version trimpass was tested with. Raises a
+    :class:`TrimpassError` naming the file and the setting."""
+    sc = speculative_config
+    if isinstance(sc, str):
+        sc = json.loads(sc)
+    if not isinstance(sc, dict) or sc.get("method") != "draft_model" or not sc.get("model"):
+        return
+    drafter = str(sc["model"])
+    where = os.path.join(drafter, SETTINGS_FILE)
+    if os.environ.get(ENV, "").strip():
+        where = f"the {ENV} environment variable"
+    try:
+        settings, budget = resolve(drafter), resolve_budget(drafter)
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise TrimpassError(f"{where}: not a JSON object of trimpass settings ({e}); fix it, or "
+                            "remove it to serve untrimmed") from None
+    if settings is None and budget is None:
+        return
+    if version != TESTED_VERSION:
+        raise TrimpassError(f"{where} asks for trimming, which was tested with vllm "
+                            f"{TESTED_VERSION} only, and this is vllm {version}; install "
+                            f"{EXTRA_HINT}, or set TRIMPASS_DISABLE=1 to serve untrimmed")
+    try:
+        if settings is not None:
+            checked_config(settings, vocab_size(drafter))
+        if budget is not None:
+            check_budget(_budget_settings(budget), int(sc.get("num_speculative_tokens") or 0))
+    except (TrimpassError, ValueError, TypeError) as e:
+        raise TrimpassError(f"{where}: {e}") from None
+
+
+def _guard_engine_args(version: str) -> None:
+    """Run :func:`check_startup` when vLLM builds an engine's configuration; an API server
+    prints the error as its one line and exits."""
+    import sys
+
+    from vllm.engine.arg_utils import EngineArgs
+    build = getattr(EngineArgs, "create_engine_config", None)
+    if build is None or getattr(build, "_trimpass", False):
+        return
+
+    def checked_build(self, *args, **kwargs):
+        try:
+            check_startup(getattr(self, "speculative_config", None), version)
+        except TrimpassError as e:
+            main = getattr(sys.modules.get("__main__"), "__spec__", None)
+            if main is not None and main.name.startswith("vllm.entrypoints"):
+                raise SystemExit(f"trimpass: {e}") from None
+            raise
+        return build(self, *args, **kwargs)
+
+    checked_build._trimpass = True
+    EngineArgs.create_engine_config = checked_build
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: runs in every vLLM process. Installs the worker
-    glue, which stays inert unless trimming is asked for; refuses another vLLM version if it is."""
+    glue, which stays inert unless trimming is asked for, and the start-up check
+    (:func:`check_startup`), which refuses bad settings, and another vLLM version where trimming
+    is asked for, before an engine starts."""
     if disabled():
         return
     import vllm
+    _guard_engine_args(vllm.__version__)
     if vllm.__version__ != TESTED_VERSION:
         if os.environ.get(ENV, "").strip() not in ("", "0", "false"):
             check_version(vllm.__version__)

@@ -26,6 +26,7 @@ from trimpass.measure import timed
 from trimpass.serving import vllm_settings as front
 from trimpass.serving.head import RequestRows, trimmed_logits
 from trimpass.serving.vllm_budget import Budget
+from trimpass.serving.vllm_report import Report, memory
 
 _installed = False
 _proposals = [0, 0.0]  # proposals and their seconds in this process, trimmed or not (benchmarks)
@@ -57,6 +58,7 @@ class Trimmer:
         settings = dict(settings)
         self.check = bool(settings.pop("check", False))
         self.log_interval = float(settings.pop("log_interval", 60))
+        self.report = Report(settings.pop("stats_dir", None), cfg)
         seqs = cfg.scheduler_config.max_num_seqs
         rows = settings.get("max_rows")
         if rows is not None and rows < seqs:
@@ -76,7 +78,9 @@ class Trimmer:
             self.static = (idx, cnt)
         self.rows = RequestRows(self.state)
         self.batch: list | None = None  # request ids of the proposal under way
+        self.own: list = []  # check mode: each batch row's own tokens (the isolation check)
         self.calls = self.fallbacks = self.steps = self.checked = self.violations = 0
+        self.foreign = self.missing = self.isolation_checked = 0
         self.active_sum = self.row_calls = self.union_sum = 0
         self.max_abs_err = 0.0
         self.want_top, self.top = False, None  # each row's softmax maximum, for a Budget
@@ -98,6 +102,8 @@ class Trimmer:
             return
         n = [int(ib.num_tokens_no_spec[i]) for i in range(len(req_ids))]
         self.rows.follow(req_ids, n, lambda i, a, b: ib.token_ids_cpu[i, a:b].copy())
+        if self.check:
+            self.own = [set(ib.token_ids_cpu[i, :n[i]].tolist()) for i in range(len(req_ids))]
         if self.log_interval and time.monotonic() - self._last_log > self.log_interval:
             self._last_log = time.monotonic()
             s = self.stats()
@@ -108,6 +114,15 @@ class Trimmer:
 
     def end(self) -> None:
         self.batch = None
+
+    def settle(self, runner, scheduler_output) -> None:
+        """After the runner took the scheduler's news: release the row of every request that left
+        the batch (finished, aborted, preempted or not scheduled) or resumes (rebuilt from its own
+        tokens at its next proposal), then write the stats file if there is one."""
+        ib = runner.input_batch
+        left = set(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
+        self.rows.keep_only([r for r in ib.req_ids[:ib.num_reqs] if r not in left])
+        self.report.write(self)
 
     def active(self, B: int):
         if self.state is None:
@@ -159,7 +174,22 @@ class Trimmer:
             self.max_abs_err = max(self.max_abs_err, err)
             self.violations += int(not ok or err > 1e-3)
             self.seen.setdefault(rid, set()).update(ids.tolist())
+            if self.state is not None and b < len(self.own):
+                self._isolation(b, set(ids.tolist()))
         self.checked += 1
+
+    def _isolation(self, b: int, ids: set) -> None:
+        """Test mode: row ``b``'s ids are its request's own tokens and the shared core only (no id
+        of another request), and hold all of its own tokens while they fit. Meaningful where
+        nothing else is shared by design: no learned core, no successors."""
+        st = self.state
+        row = st.requests[self.batch[b]]
+        shared = set(st.idx[row, :st.n_core].tolist())
+        own = self.own[b]
+        self.foreign += len(ids - shared - own)
+        if len(shared | own) <= st.settings.capacity:
+            self.missing += len(own - ids)
+        self.isolation_checked += 1
 
     def stats(self) -> dict:
         return {"calls": self.calls, "fallbacks": self.fallbacks, "steps": self.steps,
@@ -168,6 +198,8 @@ class Trimmer:
                 "union_sum": self.union_sum, "checked": self.checked,
                 "violations": self.violations, "max_abs_err": self.max_abs_err,
                 "bytes_per_row": self.state.bytes_per_row() if self.state else 0,
+                "foreign": self.foreign, "missing": self.missing,
+                "isolation_checked": self.isolation_checked, **memory(self),
                 "seen": {k: sorted(v) for k, v in self.seen.items()}}
 
 
@@ -189,6 +221,7 @@ def install() -> None:
     from vllm.v1.worker.worker_base import WorkerBase
 
     load_model = SpecDecodeBaseProposer.load_model
+    update_states = GPUModelRunner._update_states
     propose = GPUModelRunner.propose_draft_token_ids
     execute = GPUModelRunner.execute_model
 
@@ -222,6 +255,13 @@ def install() -> None:
             _proposals[0] += 1
             _proposals[1] += time.perf_counter() - t0
 
+    def settled_update(self, scheduler_output, *args, **kwargs):
+        out = update_states(self, scheduler_output, *args, **kwargs)
+        t = _trimmer_of(self)
+        if t is not None:
+            t.settle(self, scheduler_output)
+        return out
+
     def timed_execute(self, scheduler_output, *args, **kwargs):
         b = _budget_of(self)
         if b is None:
@@ -252,6 +292,7 @@ def install() -> None:
     SpecDecodeBaseProposer.load_model = trim_load_model
     GPUModelRunner.propose_draft_token_ids = trim_propose
     GPUModelRunner.execute_model = timed_execute
+    GPUModelRunner._update_states = settled_update
     WorkerBase.trimpass_stats = trimpass_stats
     WorkerBase.trimpass_budget = trimpass_budget
     _installed = True

@@ -19,7 +19,8 @@ UNSUPPORTED.update({k: f"vLLM's route does not run {k}" for k in ("refresh_every
 RUNS = {"escape": None, "refresh_every": 0}  # what it runs instead, as stats reports
 # every other TrimConfig setting of the two modes (a new admission policy's setting comes along)
 KEYS = ("vocab", "keep", *(k for k in DYNAMIC_DEFAULTS if k not in UNSUPPORTED))
-EXTRA_KEYS = ("check", "log_interval")  # check: verify every call (tests); log every N seconds
+# check: verify every call (tests); log every N seconds; stats_dir: where workers write counters
+EXTRA_KEYS = ("check", "log_interval", "stats_dir")
 
 
 def hf_config(checkpoint: str) -> dict:
