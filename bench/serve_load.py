@@ -15,7 +15,8 @@ check mode (it recomputes the full head on every call) and write their workers' 
 ``stats_dir``. Printed and written to ``--out``: requests served, aborted, rejected, failed and
 preempted (vLLM's counter), tokens/s, p50/p99 time to first token and per-token inter-token
 latency (each chunk's interval over its tokens), live rows after the drain, the state and compact
-copy peaks against their bounds, fallbacks, and greedy outputs that differ from no speculation.
+copy peaks against their bounds, fallbacks, and greedy outputs that differ from no speculation
+(``none2``, no speculation again, gives vLLM's own rate: its CPU build is not batch-invariant).
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ from trimpass.testing import serve_load as sl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CONFIGS = ("none", "trimmed", "dcut")
+HEADER = ("configuration", "sent", "served", "aborted", "rejected", "failed", "preempted",
+          "tokens/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "p99 ITL vs none", "acceptance",
+          "rows after drain", "state peak / bound MB", "compact peak (packed) / bound MB",
+          "fallbacks", "greedy flips vs none")
+CONFIGS = ("none", "none2", "trimmed", "dcut")  # none2: no speculation again (vLLM's own flips)
 
 
 def _server_args(a, config: str, stats_dir: str) -> list[str]:
@@ -42,7 +47,7 @@ def _server_args(a, config: str, stats_dir: str) -> list[str]:
             "--disable-hybrid-kv-cache-manager"]  # the speculative runs' KV layout, for all
     if a.num_blocks:
         args += ["--num-gpu-blocks-override", str(a.num_blocks)]
-    if config != "none":
+    if not config.startswith("none"):
         e = tv.engine_args(target, None, a.k, budget="dcut" if config == "dcut" else None,
                            stats_dir=stats_dir)
         args += ["--speculative-config", json.dumps(e["speculative_config"])]
@@ -59,7 +64,7 @@ def run(a, config: str, reqs: list) -> dict:
                    env, start_timeout=600) as s:
         results, wall = sl.drive(s.url, "gemma", reqs, a.concurrency, a.seconds)
         metrics = sl.server_metrics(s.url)
-        stats = sl.worker_stats(stats_dir, until_rows_zero=30) if config != "none" else []
+        stats = [] if config.startswith("none") else sl.worker_stats(stats_dir, until_rows_zero=30)
     out = {"config": config, **sl.summary(results, wall),
            "preempted": int(metrics.get("vllm:num_preemptions", 0)),
            "drafted": int(metrics.get("vllm:spec_decode_num_draft_tokens", 0)),
@@ -83,7 +88,8 @@ def report(a, rows: list[dict]) -> str:
     base = next((r for r in rows if r["config"] == "none"), None)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    names = {"none": "no speculation", "trimmed": "self-draft, trimmed",
+    names = {"none": "no speculation", "none2": "no speculation, again",
+             "trimmed": "self-draft, trimmed",
              "dcut": "self-draft, trimmed, D-Cut"}
     lines = [
         "# The OpenAI server under load (bench/serve_load.py)", "",
@@ -96,10 +102,7 @@ def report(a, rows: list[dict]) -> str:
         f"{time.strftime('%Y-%m-%d')}. One server at a time, each with the same traffic: "
         "held-out ShareGPT prompts, max_tokens 4..64, half streamed (a third of those dropped by "
         "the client mid-stream), a bad request after every 8th good one.", "",
-        "| configuration | served | aborted | rejected | failed | preempted | tokens/s | TTFT p50 "
-        "/ p99 ms | ITL p50 / p99 ms | p99 ITL vs none | acceptance | rows after drain | state "
-        "peak / bound MB | compact peak (packed) / bound MB | fallbacks | greedy flips vs none |",
-        "|" + "---|" * 16]
+        "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in rows:
         ratio = (f"x{r['itl_p99_ms'] / base['itl_p99_ms']:.2f}" if base and r["itl_p99_ms"]
                  and base["itl_p99_ms"] else "")
@@ -107,15 +110,16 @@ def report(a, rows: list[dict]) -> str:
         if base and r is not base:
             f, n = sl.flips(base["greedy"], r["greedy"])
             flips = f"{f} / {n}"
-        acc = f"{r['accepted'] / r['drafted']:.2f}" if r["drafted"] else ""
-        lines.append(
-            f"| {names[r['config']]} | {r['served']} | {r['aborted']} | {r['rejected']} | "
-            f"{r['failed']} | {r['preempted']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']} / "
-            f"{r['ttft_p99_ms']} | {r['itl_p50_ms']} / {r['itl_p99_ms']} | {ratio} | {acc} | "
-            f"{r.get('rows', '')} | {_mb(r.get('peak_state_bytes'))} / "
-            f"{_mb(r.get('state_bound'))} | {_mb(r.get('peak_compact_bytes'))} "
-            f"({_mb(r.get('peak_packed_bytes'))}) / {_mb(r.get('compact_bound'))} | "
-            f"{r.get('fallbacks', '')} | {flips} |")
+        cells = [names[r["config"]], r["requests"], r["served"], r["aborted"], r["rejected"],
+                 r["failed"], r["preempted"], f"{r['tokens_per_s']:.1f}",
+                 f"{r['ttft_p50_ms']} / {r['ttft_p99_ms']}",
+                 f"{r['itl_p50_ms']} / {r['itl_p99_ms']}", ratio,
+                 f"{r['accepted'] / r['drafted']:.2f}" if r["drafted"] else "",
+                 r.get("rows", ""),
+                 f"{_mb(r.get('peak_state_bytes'))} / {_mb(r.get('state_bound'))}",
+                 f"{_mb(r.get('peak_compact_bytes'))} ({_mb(r.get('peak_packed_bytes'))}) / "
+                 f"{_mb(r.get('compact_bound'))}", r.get("fallbacks", ""), flips]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -107,6 +107,7 @@ class Result:
     tokens: list = field(default_factory=list)
     finish: str | None = None
     aborted: bool = False
+    unsent: bool = False  # the run's deadline passed before its turn
     error: str | None = None
     sent: float = 0.0
     first: float | None = None  # seconds to the first token
@@ -217,7 +218,7 @@ async def _drive(url: str, model: str, reqs: list, concurrency: int, deadline: f
         async def run(r):
             async with sem:
                 if time.monotonic() > deadline:
-                    return Result(r, error="not sent: the run's deadline passed")
+                    return Result(r, unsent=True)
                 return await _one(client, model, r)
         return await asyncio.gather(*(run(r) for r in reqs))
 
@@ -238,8 +239,9 @@ def _pct(xs: list, q: float) -> float | None:
 
 
 def summary(results: list, wall: float) -> dict:
-    """Requests served, aborted by the client, rejected (4xx), failed otherwise; tokens/s of the
-    served requests; p50/p99 time to first token and per-token inter-token latency (ms)."""
+    """Requests sent, served, aborted by the client, rejected (4xx), failed otherwise; tokens/s
+    of the served requests; p50/p99 time to first token and per-token inter-token latency
+    (ms)."""
     served = [r for r in results if r.status == 200 and not r.aborted and r.error is None]
     ttft = [r.first for r in served if r.first is not None and r.req.stream]
     gaps = [g for r in served for g in r.gaps]
@@ -247,11 +249,10 @@ def summary(results: list, wall: float) -> dict:
 
     def ms(v):
         return None if v is None else round(1e3 * v, 2)
-    return {"requests": len(results), "served": len(served),
+    return {"requests": sum(not r.unsent for r in results), "served": len(served),
             "aborted": sum(r.aborted for r in results),
             "rejected": sum(400 <= r.status < 500 for r in results),
-            "failed": sum((r.status >= 500 or (r.error is not None and r.status == 0))
-                          for r in results),
+            "failed": sum(r.status >= 500 or (r.status == 0 and not r.unsent) for r in results),
             "tokens": toks, "wall_s": round(wall, 2), "tokens_per_s": round(toks / wall, 2),
             "ttft_p50_ms": ms(_pct(ttft, 0.5)), "ttft_p99_ms": ms(_pct(ttft, 0.99)),
             "itl_p50_ms": ms(_pct(gaps, 0.5)), "itl_p99_ms": ms(_pct(gaps, 0.99))}
