@@ -35,7 +35,8 @@ HEADER = ("configuration", "sent", "served", "aborted", "rejected", "failed", "p
           "tokens/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "p99 ITL vs none", "acceptance",
           "rows after drain", "state peak / bound MB", "compact peak (packed) / bound MB",
           "fallbacks", "greedy flips vs none")
-CONFIGS = ("none", "none2", "trimmed", "dcut")  # none2: no speculation again (vLLM's own flips)
+# none2: no speculation again (vLLM's own flips); untrimmed: the same self-drafter, not trimmed
+CONFIGS = ("none", "none2", "untrimmed", "trimmed", "dcut")
 
 
 def _server_args(a, config: str, stats_dir: str) -> list[str]:
@@ -48,8 +49,11 @@ def _server_args(a, config: str, stats_dir: str) -> list[str]:
     if a.num_blocks:
         args += ["--num-gpu-blocks-override", str(a.num_blocks)]
     if not config.startswith("none"):
-        e = tv.engine_args(target, None, a.k, budget="dcut" if config == "dcut" else None,
-                           stats_dir=stats_dir)
+        if config == "untrimmed":
+            e = tv.engine_args(target, None, a.k, trim=False)
+        else:
+            e = tv.engine_args(target, None, a.k, budget="dcut" if config == "dcut" else None,
+                               stats_dir=stats_dir)
         args += ["--speculative-config", json.dumps(e["speculative_config"])]
     return args
 
@@ -64,7 +68,8 @@ def run(a, config: str, reqs: list) -> dict:
                    env, start_timeout=600) as s:
         results, wall = sl.drive(s.url, "gemma", reqs, a.concurrency, a.seconds)
         metrics = sl.server_metrics(s.url)
-        stats = [] if config.startswith("none") else sl.worker_stats(stats_dir, until_rows_zero=30)
+        trims = config in ("trimmed", "dcut")
+        stats = sl.worker_stats(stats_dir, until_rows_zero=30) if trims else []
     out = {"config": config, **sl.summary(results, wall),
            "preempted": int(metrics.get("vllm:num_preemptions", 0)),
            "drafted": int(metrics.get("vllm:spec_decode_num_draft_tokens", 0)),
@@ -72,7 +77,8 @@ def run(a, config: str, reqs: list) -> dict:
            "greedy": sl.greedy_outputs(results)}
     if stats:
         w = stats[0]
-        out.update({k: w.get(k) for k in ("rows", "fallbacks", "calls", "peak_rows",
+        out.update({k: w.get(k) for k in ("rows", "fallbacks", "calls", "peak_rows", "proposals",
+                                          "propose_s", "rows_s", "head_s",
                                           "peak_state_bytes", "state_bound", "peak_compact_bytes",
                                           "peak_packed_bytes", "compact_bound")})
         out["workers"] = len(stats)
@@ -89,7 +95,7 @@ def report(a, rows: list[dict]) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     names = {"none": "no speculation", "none2": "no speculation, again",
-             "trimmed": "self-draft, trimmed",
+             "untrimmed": "self-draft, untrimmed", "trimmed": "self-draft, trimmed",
              "dcut": "self-draft, trimmed, D-Cut"}
     lines = [
         "# The OpenAI server under load (bench/serve_load.py)", "",
@@ -138,6 +144,9 @@ def main() -> None:
     p.add_argument("--memory", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
     p.add_argument("--num-blocks", type=int, default=0,
                    help="KV-cache blocks (0: vLLM's own sizing); few force preemption")
+    p.add_argument("--append", action="store_true",
+                   help="keep the saved rows of configurations not run now")
+    p.add_argument("--report", action="store_true", help="only rewrite --out from the saved rows")
     p.add_argument("--out", default=os.path.join(HERE, "results", "serve_load.md"))
     a = p.parse_args()
     configs = a.configs.split(",")
@@ -154,8 +163,16 @@ def main() -> None:
         prompts = json.load(f)
     reqs = sl.plan(a.requests, 262_144, a.max_model_len, seed=0, prompts=prompts,
                    max_tokens=(4, 64), sampled=a.sampled)
-    rows = [run(a, c, reqs) for c in configs]
-    with open(os.path.join(a.dir, "serve_load", "results.json"), "w") as f:
+    saved = os.path.join(a.dir, "serve_load", "results.json")
+    rows = [] if a.report else [run(a, c, reqs) for c in configs]
+    if (a.append or a.report) and os.path.isfile(saved):  # rows of configurations not run now
+        with open(saved) as f:
+            done = {r["config"]: r for r in json.load(f)}
+        for r in done.values():
+            r["greedy"] = {int(k): v for k, v in r["greedy"].items()}  # JSON keys are strings
+        done.update({r["config"]: r for r in rows})
+        rows = [done[c] for c in CONFIGS if c in done]
+    with open(saved, "w") as f:
         json.dump(rows, f)
     text = report(a, rows)
     print(text)

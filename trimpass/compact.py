@@ -15,7 +15,9 @@ For one id group (a static vocabulary, batch 1, a serving batch's union), :func:
 a copy packed for oneDNN once the rows have stayed unchanged for ``PACK_AFTER`` calls: a plain
 matmul re-lays the weight out on every call, which here costs about a quarter of a bf16 head and
 half of an fp32 one at several rows. Which of the two is faster is measured once per entry and row
-count, on the call's own inputs with the caches evicted before each timed call (inside a model step
+count's power-of-two bucket (a serving batch's size changes every few steps; each measurement costs
+a few calls), on the call's own inputs with the caches evicted before each timed call (inside a
+model step
 the layers' weights evict the head's rows between two calls; measured here, the packed copy is then
 1.2-2x as fast, while for one fp32 row on warm caches the two tie), so a CPU where packing does not
 pay keeps the plain matmul.
@@ -33,6 +35,9 @@ from trimpass import measure
 
 _MAX_ENTRIES = 16
 PACK_AFTER = 4  # unchanged calls before packing: a pack costs about as much as 3-4 calls
+# what packed_pays writes to evict the caches: a VM reports its host's whole last-level cache
+# (480 MB here), and twice that, allocated and written six times a decision, stalled a vLLM worker
+EVICT_BYTES = 64 << 20
 _unpackable: dict[torch.dtype, str] = {}  # dtypes oneDNN failed to pack or run here, and why
 
 
@@ -48,7 +53,7 @@ class _Entry:
     src: tuple = (None,)  # (idx, n, idx[:, :n], its flat view if G = 1) of the last call
     stable: int = 0  # calls since the rows last changed
     packed: torch.Tensor | None = None  # rows[0, :n] packed for oneDNN, while they are unchanged
-    faster: dict = field(default_factory=dict)  # rows in x -> whether the packed copy was faster
+    faster: dict = field(default_factory=dict)  # rows bucket -> whether the packed copy was faster
 
 
 _cache: OrderedDict[tuple, _Entry] = OrderedDict()
@@ -147,7 +152,7 @@ def linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, id
     if entry.stable >= PACK_AFTER and n:
         if entry.packed is None:
             entry.packed = pack(rows)
-        M = x2.shape[0]
+        M = 1 << (x2.shape[0] - 1).bit_length()  # the row count's power-of-two bucket
         if entry.packed is not None and entry.faster.get(M) is None:
             entry.faster[M] = packed_pays(x2, entry.packed, brows,
                                           lambda: F.linear(x2, rows, brows))
@@ -185,7 +190,7 @@ def packed_pays(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
         _failed(x2.dtype, e)
         return False
     return measure.faster(lambda: packed_linear(x2, packed, bias), plain,
-                          before=measure.cache_evictor())
+                          before=measure.cache_evictor(EVICT_BYTES))
 
 
 def _failed(dtype: torch.dtype, e: Exception) -> None:

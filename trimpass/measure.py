@@ -144,8 +144,13 @@ def cache_evictor(nbytes: int | None = None) -> Callable[[], None]:
     would be made for a regime the head never runs in."""
     if nbytes is None:
         nbytes = max(2 * _last_level_cache_bytes(), 64 << 20)
-    buf = torch.empty(nbytes // 4, dtype=torch.float32)
+    buf = _evictor_buffer(nbytes)
     return lambda: buf.fill_(1.0)
+
+
+@functools.lru_cache(maxsize=2)  # one allocation per size, not one per decision
+def _evictor_buffer(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes // 4, dtype=torch.float32)
 
 
 @functools.cache  # the host's caches do not change while it runs

@@ -81,6 +81,7 @@ class Trimmer:
         self.own: list = []  # check mode: each batch row's own tokens (the isolation check)
         self.calls = self.fallbacks = self.steps = self.checked = self.violations = 0
         self.foreign = self.missing = self.isolation_checked = 0
+        self.rows_s = self.head_s = 0.0  # seconds following rows / in the trimmed head
         self.active_sum = self.row_calls = self.union_sum = 0
         self.max_abs_err = 0.0
         self.want_top, self.top = False, None  # each row's softmax maximum, for a Budget
@@ -95,6 +96,13 @@ class Trimmer:
 
     # ---- rows that follow the runner's batch --------------------------------------------------
     def begin(self, runner) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._begin(runner)
+        finally:
+            self.rows_s += time.perf_counter() - t0
+
+    def _begin(self, runner) -> None:
         ib = runner.input_batch
         req_ids = list(ib.req_ids[:ib.num_reqs])
         self.batch, self.steps = req_ids, self.steps + 1
@@ -131,6 +139,13 @@ class Trimmer:
 
     # ---- the drafter's logits ------------------------------------------------------------------
     def compute_logits(self, hidden_states: torch.Tensor):
+        t0 = time.perf_counter()
+        try:
+            return self._logits(hidden_states)
+        finally:
+            self.head_s += time.perf_counter() - t0
+
+    def _logits(self, hidden_states: torch.Tensor):
         model, h = self.model, hidden_states
         proc, head = model.logits_processor, model.lm_head
         W = getattr(head, "weight", None)
@@ -200,6 +215,8 @@ class Trimmer:
                 "bytes_per_row": self.state.bytes_per_row() if self.state else 0,
                 "foreign": self.foreign, "missing": self.missing,
                 "isolation_checked": self.isolation_checked, **memory(self),
+                "proposals": _proposals[0], "propose_s": _proposals[1], "rows_s": self.rows_s,
+                "head_s": self.head_s,
                 "seen": {k: sorted(v) for k, v in self.seen.items()}}
 
 
