@@ -1,22 +1,22 @@
 """The glue inside vLLM 0.32's worker processes: request rows that follow the model runner's batch,
 and the drafter's logits from trimpass's trimmed head.
 
-:func:`install` (called by the plugin in every process) wraps three things, each a plain delegation
-until a drafter trims: ``SpecDecodeBaseProposer.load_model`` (after loading, a drafter whose
-settings ask for it gets a :class:`Trimmer`: its model's ``compute_logits`` is replaced on that
-instance only, so the target's head, even a shared ``lm_head`` module, is never touched),
+:func:`install` (called by the plugin in every process) wraps these, each a plain delegation until
+a drafter trims: ``SpecDecodeBaseProposer.load_model`` (after loading, a drafter whose settings ask
+for it gets a :class:`Trimmer`: its model's ``compute_logits`` is replaced on that instance only,
+so the target's head, even a shared ``lm_head`` module, is never touched);
 ``GPUModelRunner.propose_draft_token_ids`` (which the CPU runner inherits: before each proposal the
 trimmer binds the input batch's request ids to rows of its
-:class:`trimpass.dynamic.state.ActiveState` and admits each request's new tokens),
+:class:`trimpass.dynamic.state.ActiveState` and admits each request's new tokens);
 ``GPUModelRunner._update_states`` (right after the runner takes the scheduler's news, in the same
 step, the rows of requests that left the batch are released: finished, aborted, preempted or not
 scheduled; a resuming request's too, rebuilt from its own tokens at its next proposal; then the
-``stats_dir`` file is written, :mod:`trimpass.serving.vllm_report`), and a ``trimpass_stats``
-method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has one row per ``max_num_seqs``; a smaller
-``max_rows`` is a start-up error. A drafter with budget settings also gets a
-:class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's ``execute_model`` is timed for
-its cost model (measured before the engine's first step), each proposal is cut into per-request
-lists, and ``trimpass_budget`` switches its policy."""
+``stats_dir`` file is written, :mod:`trimpass.serving.vllm_report`); and a ``trimpass_stats``
+method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has one row per
+``max_num_seqs``; a smaller ``max_rows`` is a start-up error. A drafter with budget settings also
+gets a :class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's ``execute_model`` is
+timed for its cost model (measured before the engine's first step), each proposal is cut into
+per-request lists, and ``trimpass_budget`` switches its policy."""
 from __future__ import annotations
 
 import time
