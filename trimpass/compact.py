@@ -77,13 +77,17 @@ def forget(weight: torch.Tensor, keep_capacity: int) -> None:
         del _cache[k]
 
 
+def nbytes(t: torch.Tensor | None) -> int:
+    """Bytes of ``t``'s elements (0 for None); also for oneDNN's packed layout."""
+    return 0 if t is None else t.numel() * t.element_size()
+
+
 def held_bytes() -> dict:
     """Bytes the live cache entries hold: ``rows`` (their compact copies, ids and biases) and
     ``packed`` (oneDNN's packed copies of them)."""
-    def n(t):
-        return 0 if t is None else t.numel() * t.element_size()
-    return {"rows": sum(n(e.rows) + n(e.snapshot) + n(e.bias) for e in _cache.values()),
-            "packed": sum(n(e.packed) for e in _cache.values())}
+    return {"rows": sum(nbytes(e.rows) + nbytes(e.snapshot) + nbytes(e.bias)
+                        for e in _cache.values()),
+            "packed": sum(nbytes(e.packed) for e in _cache.values())}
 
 
 def rows_gathered() -> int:

@@ -15,10 +15,6 @@ from trimpass import compact
 from trimpass.serving.head import MAX_UNION
 
 
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
 def memory(trimmer) -> dict:
     """Bytes now held against each bound: ``state_bytes`` (every tensor of the drafter's
     :class:`~trimpass.dynamic.state.ActiveState`, its policies' included) against
@@ -37,7 +33,7 @@ def memory(trimmer) -> dict:
     tensors = [v for v in vars(st).values() if isinstance(v, torch.Tensor)]
     tensors += [v for p in st.policies for v in vars(p).values() if isinstance(v, torch.Tensor)]
     wide = 4 * st.V + 8 * int(st.learned.numel()) + 3 * 8 + 4 * (st.V + 1) * s.successors
-    return {**out, "state_bytes": sum(_nbytes(t) for t in tensors), "drafter_bytes": wide,
+    return {**out, "state_bytes": sum(compact.nbytes(t) for t in tensors), "drafter_bytes": wide,
             "state_bound": s.max_rows * st.bytes_per_row() + wide}
 
 
