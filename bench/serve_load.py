@@ -59,11 +59,11 @@ def _server_args(a, config: str, stats_dir: str) -> list[str]:
 
 
 def run(a, config: str, reqs: list) -> dict:
-    stats_dir = os.path.join(a.dir, "serve_load", f"stats-{config}")
+    stats_dir = os.path.join(a.dir, "serve_load", f"stats-{config}{_tag(a)}")
     for f in os.listdir(stats_dir) if os.path.isdir(stats_dir) else ():
         os.remove(os.path.join(stats_dir, f))
     env = {k: v for k, v in os.environ.items() if k not in ("TRIMPASS_DISABLE", "TRIMPASS_VLLM")}
-    log = os.path.join(a.dir, "serve_load", f"{config}.log")
+    log = os.path.join(a.dir, "serve_load", f"{config}{_tag(a)}.log")
     with sl.Server(os.path.join(a.dir, "target"), _server_args(a, config, stats_dir), log,
                    env, start_timeout=600) as s:
         results, wall = sl.drive(s.url, "gemma", reqs, a.concurrency, a.seconds)
@@ -84,6 +84,11 @@ def run(a, config: str, reqs: list) -> dict:
         out["workers"] = len(stats)
     print(json.dumps({k: v for k, v in out.items() if k != "greedy"}), flush=True)
     return out
+
+
+def _tag(a) -> str:
+    """bf16 rows keep the plain names; another dtype's go beside them."""
+    return "" if a.dtype == "bfloat16" else f"-{a.dtype}"
 
 
 def _mb(b) -> str:
@@ -147,7 +152,8 @@ def main() -> None:
     p.add_argument("--append", action="store_true",
                    help="keep the saved rows of configurations not run now")
     p.add_argument("--report", action="store_true", help="only rewrite --out from the saved rows")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "serve_load.md"))
+    p.add_argument("--out", default=None,
+                   help="bench/results/serve_load.md (serve_load-<dtype>.md for another dtype)")
     a = p.parse_args()
     configs = a.configs.split(",")
     bad = sorted(set(configs) - set(CONFIGS))
@@ -163,7 +169,8 @@ def main() -> None:
         prompts = json.load(f)
     reqs = sl.plan(a.requests, 262_144, a.max_model_len, seed=0, prompts=prompts,
                    max_tokens=(4, 64), sampled=a.sampled)
-    saved = os.path.join(a.dir, "serve_load", "results.json")
+    saved = os.path.join(a.dir, "serve_load", f"results{_tag(a)}.json")
+    a.out = a.out or os.path.join(HERE, "results", f"serve_load{_tag(a)}.md")
     rows = [] if a.report else [run(a, c, reqs) for c in configs]
     if (a.append or a.report) and os.path.isfile(saved):  # rows of configurations not run now
         with open(saved) as f:

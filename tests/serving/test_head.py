@@ -158,3 +158,46 @@ def test_keep_only_releases_the_rows_of_requests_that_left():
     assert set(rows.state.requests) == {"b"} and rows.admitted.keys() == {"b"}
     rows.keep_only([])
     assert rows.live == 0
+
+
+def _eagle3_reference(x, W_draft, d2t, V):
+    """vLLM 0.32's ``Eagle3LlamaForCausalLM.compute_logits``: the draft head's logits placed at
+    target ids ``i + d2t[i]``, ``-inf`` elsewhere."""
+    z = F.linear(x, W_draft)
+    out = torch.full((x.shape[0], V), float("-inf"))
+    out[:, torch.arange(d2t.numel()) + d2t] = z
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_a_draft_vocabulary_trims_inside_itself(dtype, tol):
+    """An EAGLE-3 head over 301 of 997 target ids: each row finite exactly on its active ids
+    inside the draft vocabulary, equal there to the untrimmed head's mapped logits; active ids
+    outside it stay -inf, as the untrimmed head leaves them."""
+    V, Vd, d, B = 997, 301, 24, 5
+    g = torch.Generator().manual_seed(1)
+    targets = torch.randperm(V, generator=g)[:Vd].sort().values
+    d2t = targets - torch.arange(Vd)
+    x, W = torch.randn(B, d, generator=g).to(dtype), torch.randn(Vd, d, generator=g).to(dtype)
+    idx, count = _rows(V, B, 80, seed=2)
+    vocab = head.DraftVocab(d2t, V)
+    compact.clear()
+    local, _ = head.trimmed_logits(x, W, vocab.to_draft(idx), count)
+    got = vocab.to_target(local)
+    ref = _eagle3_reference(x.float(), W.float(), d2t, V)
+    inside = set(targets.tolist())
+    for b in range(B):
+        ids = [i for i in idx[b, :int(count[b])].tolist() if i in inside]
+        assert len(ids) < int(count[b])  # the row also holds ids the head cannot score
+        finite = torch.isfinite(got[b]).nonzero().reshape(-1)
+        assert finite.tolist() == sorted(ids)
+        torch.testing.assert_close(got[b, ids].float(), ref[b, ids], atol=tol, rtol=tol)
+
+
+def test_a_draft_vocabulary_map_outside_the_target_or_not_one_to_one_is_refused():
+    with pytest.raises(ValueError, match="draft id 2 maps to target id 10, outside"):
+        head.DraftVocab(torch.tensor([0, 0, 8]), 10)
+    with pytest.raises(ValueError, match="two draft ids map to the same target id"):
+        head.DraftVocab(torch.tensor([1, 0, 0]), 10)
+    v = head.DraftVocab(torch.tensor([2, 3, 3]), 10)  # target ids 2, 4, 5
+    assert v.to_draft(torch.tensor([[2, 3, 4, 5, -1, 12]])).tolist() == [[0, -1, 1, 2, -1, -1]]

@@ -185,3 +185,70 @@ def test_another_vllm_version_stops_the_engine_where_trimming_is_asked(tmp_path,
     monkeypatch.setenv("TRIMPASS_VLLM", '{"capacity": 0}')
     with pytest.raises(TrimpassError, match="the TRIMPASS_VLLM environment variable: capacity"):
         tv.check_startup(_spec(d))
+
+
+def _eagle(path, V=100, hidden=16, d2t=None, **cfg):
+    d = _ckpt(path, V, hidden_size=hidden, architectures=["LlamaForCausalLM"], **cfg)
+    if d2t is not None:
+        import torch
+        from safetensors.torch import save_file
+        save_file({"d2t": torch.tensor(d2t)}, os.path.join(d, "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize("method, cfg, d2t, match", [
+    ("eagle", {"hidden": 32}, None, r"hidden states of size 32, but the target .* hidden_size 16"),
+    ("eagle3", {"V": 120}, None, r"vocab_size 120, but the target .* has 100"),
+    ("eagle", {"draft_vocab_size": 4}, [0, 1, 2, 3], r"an EAGLE-3 head's own vocabulary; .*eagle3"),
+    ("eagle3", {"draft_vocab_size": 140}, None, r"draft_vocab_size 140 exceeds the target's 100"),
+    ("eagle3", {"draft_vocab_size": 4}, None, r"no d2t tensor"),
+    ("eagle3", {"draft_vocab_size": 4}, [0, 1, 2], r"d2t has 3 entries for draft_vocab_size 4"),
+    ("eagle3", {"draft_vocab_size": 4}, [0, 1, 2, 97], r"d2t: draft id 3 maps to target id 100"),
+    ("eagle3", {"draft_vocab_size": 4}, [0, 1, 1, 0], r"d2t: two draft ids map to the same"),
+])
+def test_an_eagle_checkpoint_that_disagrees_with_its_target_fails_before_serving(
+        tmp_path, any_vllm, method, cfg, d2t, match):
+    t = _ckpt(tmp_path / "t", 100, hidden_size=16, architectures=["LlamaForCausalLM"])
+    d = _eagle(tmp_path / "d", cfg.pop("V", 100), cfg.pop("hidden", 16), d2t, **cfg)
+    with pytest.raises(ValueError, match=match):
+        tv.engine_args(t, d, 3, method=method)
+    if method == "eagle3" and d2t is not None:  # the API server's start-up check says it too
+        (tmp_path / "d" / "trimpass.json").write_text("{}")
+        with pytest.raises(TrimpassError, match=match):
+            tv.check_startup({"method": method, "model": d}, target_dir=t)
+
+
+def test_a_route_trimpass_does_not_trim_and_an_eagle_route_without_a_drafter_are_refused(
+        tmp_path, any_vllm):
+    t = _ckpt(tmp_path / "t", 100, hidden_size=16)
+    with pytest.raises(ValueError, match="method: 'medusa' is not a vLLM route trimpass trims"):
+        tv.engine_args(t, None, 3, method="medusa")
+    with pytest.raises(ValueError, match="drafter_dir: method='eagle' needs an EAGLE drafter"):
+        tv.engine_args(t, None, 3, method="eagle")
+
+
+def test_local_argmax_reduction_is_refused_where_trimming_is_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
+    d = _ckpt(tmp_path / "d", 100)
+    spec = {**_spec(d), "use_local_argmax_reduction": True}
+    tv.check_startup(spec)  # nothing asked
+    (tmp_path / "d" / "trimpass.json").write_text("{}")
+    with pytest.raises(TrimpassError, match="use_local_argmax_reduction .* without its "
+                                            "compute_logits"):
+        tv.check_startup(spec)
+
+
+def test_eagle_routes_need_vllms_classes_for_the_drafter_and_the_target(tmp_path, any_vllm):
+    pytest.importorskip("vllm")
+    llama = _ckpt(tmp_path / "llama", 100, hidden_size=16, architectures=["LlamaForCausalLM"])
+    gemma = _ckpt(tmp_path / "gemma", 100, hidden_size=16, architectures=["Gemma3ForCausalLM"])
+    ok = _eagle(tmp_path / "ok", draft_vocab_size=4, d2t=[0, 1, 2, 3])
+    args = tv.engine_args(llama, ok, 3, method="eagle3")
+    assert args["speculative_config"]["method"] == "eagle3"
+    with pytest.raises(ValueError, match=r"target .*Gemma3ForCausalLM.* does not give vLLM's "
+                                         r"EAGLE-3 drafters"):
+        tv.engine_args(gemma, ok, 3, method="eagle3")
+    odd = _ckpt(tmp_path / "odd", 100, hidden_size=16, architectures=["OddForCausalLM"])
+    with pytest.raises(ValueError, match="vLLM has no eagle drafter class EagleOddForCausalLM"):
+        tv.engine_args(llama, odd, 3, method="eagle")
+    assert tv.engine_args(gemma, _eagle(tmp_path / "e1"), 3, method="eagle")

@@ -42,6 +42,11 @@ def prompts() -> list[list[int]]:
     return out
 
 
+ENGINE = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=256,
+              gpu_memory_utilization=0.2, enforce_eager=True, max_num_seqs=8,
+              disable_log_stats=False)  # every greedy engine of these tests
+
+
 SAMPLE_V, SAMPLE_PROMPT, SAMPLES = 64, [1, 2, 3, 4, 5], 3000
 
 
@@ -99,13 +104,10 @@ def main() -> None:
         make_model(d, SAMPLE_V if mode == "sample" else V)
     if mode == "sample":
         return sample(d, settings)
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     from trimpass.serving import vllm as tv
-    kw = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=256,
-              gpu_memory_utilization=0.2, enforce_eager=True, max_num_seqs=8,
-              disable_log_stats=False)
+    kw = dict(ENGINE)
     if mode.endswith("-tp2"):
         mode = mode.removesuffix("-tp2")
         kw.update(tensor_parallel_size=2, distributed_executor_backend="mp")
@@ -116,7 +118,16 @@ def main() -> None:
     else:
         args = tv.engine_args(d, None, K, trim=mode == "trim",
                               **(settings if mode == "trim" else {}))
-    llm = LLM(**args, **kw)
+    print("RESULT " + json.dumps(greedy_results(LLM(**args, **kw), mode != "none")), flush=True)
+
+
+def greedy_results(llm, speculative: bool) -> dict:
+    """Every prompt greedy, alone then all at once; vLLM's drafted and accepted counts and, with
+    speculation, trimpass's worker counters."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from trimpass.serving import vllm as tv
     sp = SamplingParams(temperature=0, max_tokens=24, detokenize=False, ignore_eos=True)
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
     solo = [list(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids) for p in ps]
@@ -125,11 +136,11 @@ def main() -> None:
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     res["accepted"] = metrics.get("vllm:spec_decode_num_accepted_tokens")
     res["drafted"] = metrics.get("vllm:spec_decode_num_draft_tokens")
-    if mode != "none":
+    if speculative:
         st = tv.stats(llm)
         st["seen"] = {k: sorted(v) for k, v in st.get("seen", {}).items()}
         res["stats"] = st
-    print("RESULT " + json.dumps(res), flush=True)
+    return res
 
 
 if __name__ == "__main__":

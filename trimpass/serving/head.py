@@ -98,6 +98,43 @@ def trimmed_logits(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, cou
     return (out, U, top_prob(vals, rowof, B)) if with_top else (out, U)
 
 
+class DraftVocab:
+    """An EAGLE-3 drafter's own vocabulary: its head's row ``i`` scores target id
+    ``i + d2t[i]``. Rows, static lists and a request's tokens stay in the target's ids;
+    :meth:`to_draft` maps a row's active ids to head rows (``-1`` for an id outside the draft
+    vocabulary, which :func:`union` leaves out) and :meth:`to_target` places the draft-vocabulary
+    logits in a ``[B, V]`` row of ``-inf``, as the untrimmed EAGLE-3 head does."""
+
+    def __init__(self, d2t: torch.Tensor, V: int):
+        d2t = d2t.reshape(-1).long()
+        targets = torch.arange(d2t.numel(), device=d2t.device) + d2t
+        check_draft_map(targets, V, "d2t")
+        self.V, self.targets = V, targets
+        self.t2d = torch.full((V,), -1, dtype=torch.long, device=d2t.device)
+        self.t2d[targets] = torch.arange(targets.numel(), device=d2t.device)
+
+    def to_draft(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.t2d[idx.long().clamp(0, self.V - 1)].masked_fill_(
+            (idx < 0) | (idx >= self.V), -1)
+
+    def to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        out = logits.new_full((logits.shape[0], self.V), float("-inf"))
+        out[:, self.targets] = logits
+        return out
+
+
+def check_draft_map(targets: torch.Tensor, V: int, name: str) -> None:
+    """The target ids of a draft vocabulary's rows: each in ``[0, V)``, none twice."""
+    bad = (targets < 0) | (targets >= V)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name}: draft id {i} maps to target id {int(targets[i])}, outside the "
+                         f"target's vocabulary [0, {V}); the map belongs to another target")
+    if torch.unique(targets).numel() != targets.numel():
+        raise ValueError(f"{name}: two draft ids map to the same target id; a draft vocabulary "
+                         "map must be one-to-one")
+
+
 class RequestRows:
     """The rows of one drafter's requests; ``state`` is None in the static mode (no rows)."""
 

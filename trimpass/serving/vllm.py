@@ -22,6 +22,7 @@ from trimpass.budget.policies import POLICIES
 from trimpass.budget.policies import check_settings as check_budget
 from trimpass.cache import cache_dir
 from trimpass.config import TrimpassError, disabled
+from trimpass.serving.vllm_eagle import METHODS, check_drafter, check_method
 from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face keeps these names)
     ENV,
     EXTRA_KEYS,
@@ -75,11 +76,15 @@ def _jsonable(v):
 
 
 def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative_tokens: int = 4,
-                trim: bool = True, budget: str | dict | None = None, **trim_settings) -> dict:
+                trim: bool = True, budget: str | dict | None = None, method: str = "draft_model",
+                **trim_settings) -> dict:
     """Keyword arguments for ``vllm.LLM(**engine_args(...), dtype=..., ...)``: ``target_dir``
     served with ``drafter_dir`` as its ``draft_model`` drafter (None: the target drafting for
     itself, greedy: vLLM's CPU build is not lossless under sampling even untrimmed), whose head
     trimpass trims to each request's active ids (``trim=False``: the same drafter untrimmed).
+    ``method="eagle"`` or ``"eagle3"`` serves ``drafter_dir`` as an EAGLE drafter instead, its
+    head trimmed the same way (an EAGLE-3 head with its own ``d2t`` vocabulary: to the active ids
+    inside it), after :func:`trimpass.serving.vllm_eagle.check_drafter`.
     ``trim_settings`` are :class:`trimpass.TrimConfig`'s engine settings (``vocab``, ``keep``,
     ``capacity``, ``core``, ``learn_core``, ``successors``, ``max_rows``; ``max_rows`` defaults to
     vLLM's ``max_num_seqs``). Everything is checked here, before an engine starts. The settings
@@ -98,9 +103,14 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     budget = _budget_settings(budget)
     if budget is not None:
         budget = check_budget(budget, num_speculative_tokens)
+    check_method(method)
     if trim:
         check_version(_vllm_version())
+    if drafter_dir is None and method != "draft_model":
+        raise ValueError(f"drafter_dir: method={method!r} needs an EAGLE drafter checkpoint; "
+                         "None (the target drafting for itself) is the draft_model route")
     drafter_dir = target_dir if drafter_dir is None else drafter_dir
+    check_drafter(target_dir, drafter_dir, method)
     Vt, Vd = vocab_size(target_dir), vocab_size(drafter_dir)
     if Vt != Vd:
         raise ValueError(f"vocab size: the drafter {drafter_dir} has {Vd} ids but the target "
@@ -113,7 +123,7 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     d = {"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}
     drafter = settings_dir(drafter_dir, d if budget is None else {**d, "budget": budget})
     args = {"model": target_dir,
-            "speculative_config": {"method": "draft_model", "model": drafter,
+            "speculative_config": {"method": method, "model": drafter,
                                    "num_speculative_tokens": int(num_speculative_tokens)}}
     # vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group; a hybrid
     # sliding/full target (Gemma 3) splits them unless the hybrid KV-cache manager is off
@@ -150,15 +160,16 @@ def stats(llm) -> dict:
     (live request rows), ``mean_active`` (active ids per request row per call), ``mean_union``
     (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming),
     ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
-    ``check`` setting also ``checked`` and ``violations``; ``runs``: what this route runs where it
-    differs from :class:`trimpass.TrimConfig`'s defaults (no escape path, no refresh). All zero when
-    nothing trims."""
+    ``check`` setting also ``checked``, ``violations`` and the isolation check's ``foreign``,
+    ``missing`` and ``isolation_checked`` (:class:`trimpass.serving.vllm_hooks.Trimmer`);
+    ``runs``: what this route runs where it differs from :class:`trimpass.TrimConfig`'s defaults
+    (no escape path, no refresh). All zero when nothing trims."""
     every = [s for s in llm.collective_rpc("trimpass_stats") if s]
     got = [s for s in every if "calls" in s]
     out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
            "propose_s": sum(s["propose_s"] for s in every)}
     for k in ("calls", "fallbacks", "rows", "active_sum", "row_calls", "union_sum", "checked",
-              "violations", "steps"):
+              "violations", "steps", "foreign", "missing", "isolation_checked"):
         out[k] = sum(s.get(k, 0) for s in got)
     out["mean_active"] = out.pop("active_sum") / max(out.pop("row_calls"), 1)
     out["mean_union"] = out.pop("union_sum") / max(out["calls"], 1)
@@ -186,16 +197,19 @@ def set_budget(llm, budget: str | dict) -> dict:
     return llm.collective_rpc("trimpass_budget", args=(settings,))[0]
 
 
-def check_startup(speculative_config, version: str = TESTED_VERSION) -> None:
+def check_startup(speculative_config, version: str = TESTED_VERSION,
+                  target_dir: str | None = None) -> None:
     """What an engine is started with, checked before it starts (in the process that parses its
-    arguments: the API server, or ``vllm.LLM``'s caller): a ``draft_model`` drafter's
+    arguments: the API server, or ``vllm.LLM``'s caller): a ``draft_model`` or EAGLE drafter's
     ``trimpass.json`` must be a JSON object of known settings valid for its vocabulary, with a
-    valid budget, and trimming needs the vLLM version trimpass was tested with. Raises a
+    valid budget; trimming needs the vLLM version trimpass was tested with, a drafter whose logits
+    come from its ``compute_logits`` (not ``use_local_argmax_reduction``) and, on an EAGLE route,
+    a drafter that agrees with ``target_dir`` (:func:`check_drafter`). Raises a
     :class:`TrimpassError` naming the file and the setting."""
     sc = speculative_config
     if isinstance(sc, str):
         sc = json.loads(sc)
-    if not isinstance(sc, dict) or sc.get("method") != "draft_model" or not sc.get("model"):
+    if not isinstance(sc, dict) or sc.get("method") not in METHODS or not sc.get("model"):
         return
     drafter = str(sc["model"])
     where = os.path.join(drafter, SETTINGS_FILE)
@@ -212,6 +226,10 @@ def check_startup(speculative_config, version: str = TESTED_VERSION) -> None:
         raise TrimpassError(f"{where} asks for trimming, which was tested with vllm "
                             f"{TESTED_VERSION} only, and this is vllm {version}; install "
                             f"{EXTRA_HINT}, or set TRIMPASS_DISABLE=1 to serve untrimmed")
+    if settings is not None and sc.get("use_local_argmax_reduction"):
+        raise TrimpassError(f"{where} asks for trimming, but use_local_argmax_reduction takes "
+                            "the drafter's tokens without its compute_logits, which trimpass "
+                            "trims; drop one of the two")
     try:
         if settings is not None:
             checked_config(settings, vocab_size(drafter))
@@ -219,6 +237,11 @@ def check_startup(speculative_config, version: str = TESTED_VERSION) -> None:
             check_budget(_budget_settings(budget), int(sc.get("num_speculative_tokens") or 0))
     except (TrimpassError, ValueError, TypeError) as e:
         raise TrimpassError(f"{where}: {e}") from None
+    if target_dir and os.path.isfile(os.path.join(str(target_dir), "config.json")):
+        try:
+            check_drafter(str(target_dir), drafter, sc["method"])
+        except ValueError as e:
+            raise TrimpassError(str(e)) from None
 
 
 def _guard_engine_args(version: str) -> None:
@@ -233,7 +256,8 @@ def _guard_engine_args(version: str) -> None:
 
     def checked_build(self, *args, **kwargs):
         try:
-            check_startup(getattr(self, "speculative_config", None), version)
+            check_startup(getattr(self, "speculative_config", None), version,
+                          getattr(self, "model", None))
         except TrimpassError as e:
             main = getattr(sys.modules.get("__main__"), "__spec__", None)
             if main is not None and main.name.startswith("vllm.entrypoints"):

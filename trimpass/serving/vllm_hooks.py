@@ -1,5 +1,6 @@
 """The glue inside vLLM 0.32's worker processes: request rows that follow the model runner's batch,
-and the drafter's logits from trimpass's trimmed head.
+and the drafter's logits from trimpass's trimmed head, on the ``draft_model`` and the EAGLE routes
+(an EAGLE-3 head with its own ``d2t`` vocabulary trims inside it: :class:`DraftVocab`).
 
 :func:`install` (called by the plugin in every process) wraps these, each a plain delegation until
 a drafter trims: ``SpecDecodeBaseProposer.load_model`` (after loading, a drafter whose settings ask
@@ -26,7 +27,7 @@ import torch
 from trimpass.dynamic.state import ActiveState
 from trimpass.measure import timed
 from trimpass.serving import vllm_settings as front
-from trimpass.serving.head import RequestRows, trimmed_logits
+from trimpass.serving.head import DraftVocab, RequestRows, trimmed_logits
 from trimpass.serving.vllm_budget import Budget
 from trimpass.serving.vllm_report import Report, memory
 
@@ -54,9 +55,13 @@ class Trimmer:
         cfg = proposer.vllm_config
         V = model.logits_processor.org_vocab_size
         Vt = cfg.model_config.get_vocab_size()
-        if V != Vt:
+        d2t = getattr(model, "draft_id_to_target_id", None)  # an EAGLE-3 draft vocabulary
+        self.vocab = None if d2t is None else DraftVocab(d2t.data, Vt)
+        if self.vocab is None and V != Vt:
             raise ValueError(f"trimpass: vocab size: the drafter has {V} ids but the target has "
-                             f"{Vt}; trimpass serves a drafter of the target's vocabulary")
+                             f"{Vt} and no d2t map; trimpass serves a drafter of the target's "
+                             "vocabulary, or an EAGLE-3 drafter with its d2t map")
+        V = Vt  # rows, static lists and tokens are target ids
         settings = dict(settings)
         self.check = bool(settings.pop("check", False))
         self.log_interval = float(settings.pop("log_interval", 60))
@@ -161,13 +166,16 @@ class Trimmer:
         idx, count = self.active(B)
         start = head.shard_indices.org_vocab_start_index
         top = self.want_top and head.tp_size == 1  # a shard's maximum is not the row's
-        got = trimmed_logits(h, W, idx, count, start, softcap=proc.soft_cap or 0.0,
+        rows = idx if self.vocab is None else self.vocab.to_draft(idx)
+        got = trimmed_logits(h, W, rows, count, start, softcap=proc.soft_cap or 0.0,
                              scale=proc.scale, with_top=top)
         local, U = got[:2]
         self.top = got[2] if top else None
         logits = proc._gather_logits(local) if head.tp_size > 1 else local
         if logits is not None:
             logits = logits[..., :proc.org_vocab_size]
+            if self.vocab is not None:
+                logits = self.vocab.to_target(logits)
         self.calls += 1
         cnt = count.reshape(-1)
         self.active_sum += int(cnt.sum()) * (B if cnt.numel() == 1 else 1)
@@ -184,15 +192,18 @@ class Trimmer:
         if idx.dim() == 1:
             idx, count = idx.expand(B, -1), count.reshape(1).expand(B)
         for b, rid in enumerate(self.batch):
-            ids = idx[b, :int(count[b])].long()
+            active = idx[b, :int(count[b])].long()
+            ids = active  # a target id outside an EAGLE-3 draft vocabulary stays -inf
+            if self.vocab is not None:
+                ids = active[self.vocab.t2d[active] >= 0]
             finite = torch.isfinite(logits[b]).nonzero().reshape(-1)
             ok = torch.equal(finite, torch.sort(ids).values)
             err = float((logits[b, ids] - full[b, ids]).abs().max()) if ids.numel() else 0.0
             self.max_abs_err = max(self.max_abs_err, err)
             self.violations += int(not ok or err > 1e-3)
-            self.seen.setdefault(rid, set()).update(ids.tolist())
+            self.seen.setdefault(rid, set()).update(active.tolist())
             if self.state is not None and b < len(self.own):
-                self._isolation(b, set(ids.tolist()))
+                self._isolation(b, set(active.tolist()))
         self.checked += 1
 
     def _isolation(self, b: int, ids: set) -> None:

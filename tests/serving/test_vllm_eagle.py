@@ -1,0 +1,78 @@
+"""trimpass on vLLM's EAGLE routes (its CPU build): a tiny random Llama target with a one-layer
+random EAGLE drafter (the target's head shared) and an EAGLE-3 drafter (its own 1,024-id head over
+the target's 2,048 ids, a ``d2t`` map), both trimmed in the check mode (every call also computes
+the plain head: a row's finite logits must be exactly its active ids inside the head's
+vocabulary, equal there). Each engine runs in a fresh subprocess (``vllm_eagle_run.py``). Skipped
+where vLLM is not installed."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+HERE = os.path.dirname(__file__)
+KEEP = list(range(512))
+SETTINGS = {"check": True, "learn_core": 0, "keep": KEEP, "capacity": 1024}
+K = 3
+
+
+def _run(root, mode, **extra_env):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRIMPASS_DISABLE")}
+    env.update(extra_env)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_eagle_run.py"), str(root), mode,
+                        json.dumps(SETTINGS)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    return {m: _run(root, m) for m in ("none", "eagle", "eagle3", "eagle3-plain")}
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_lossless_at_concurrency_1_and_6(runs, method):
+    none, trim = runs["none"], runs[method]
+    assert trim["solo"] == none["solo"] and trim["together"] == none["together"]
+    assert len({tuple(o) for o in none["solo"]}) == len(none["solo"])  # outputs differ
+    assert 0 < trim["accepted"] < trim["drafted"]  # drafts both accepted and rejected
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_trimmed_op_ran_on_every_draft_step_and_is_exact(runs, method):
+    s = runs[method]["stats"]
+    assert s["workers"] == 1 and s["steps"] > 0
+    assert s["calls"] == K * s["steps"] and s["fallbacks"] == 0  # K draft calls a step
+    assert s["checked"] == s["calls"] and s["violations"] == 0
+    assert s["max_abs_err"] < 1e-3
+    assert s["foreign"] == 0 and s["missing"] == 0 and s["isolation_checked"] > 0
+
+
+def test_eagle3_ids_outside_the_draft_vocabulary_stay_minus_inf(runs):
+    """Rows hold target ids the EAGLE-3 head cannot score (every other id of the rare prompts'
+    ranges is outside its vocabulary): the check mode found each row finite exactly on its
+    active ids inside the head's vocabulary, so those stayed -inf; and the trimmed drafter is
+    not the untrimmed one (fewer drafts accepted: the trimming changed its proposals)."""
+    r, vocab = runs["eagle3"], set(runs["eagle3"]["draft_targets"])
+    outside = {i for ids in r["stats"]["seen"].values() for i in ids} - vocab
+    assert outside and r["stats"]["violations"] == 0
+    plain = runs["eagle3-plain"]
+    assert plain["solo"] == runs["none"]["solo"] and plain["stats"]["workers"] == 0
+    assert plain["accepted"] > r["accepted"]
+
+
+def test_rows_follow_requests_on_the_eagle_route(runs):
+    """Each request's active ids are the fixed core plus its own prompt and output."""
+    r = runs["eagle"]
+    seen, prompts, outs = r["stats"]["seen"], r["prompts"], r["solo"] + r["together"]
+    assert len(seen) == len(outs)
+    for rid, ids in seen.items():
+        i = int(rid.split("-")[0])
+        own = set(KEEP) | set(prompts[i % len(prompts)]) | set(outs[i])
+        assert set(ids) <= own and set(prompts[i % len(prompts)]) <= set(ids)
