@@ -1,4 +1,5 @@
-"""vLLM tokens/s with Gemma-3-270M: no speculation, the untrimmed drafter, the trimmed drafter.
+"""vLLM tokens/s with Gemma-3-270M: no speculation, the untrimmed drafter, the trimmed drafter
+(and an EAGLE drafter, untrimmed and trimmed, with ``--configs ...,eagle-untrimmed,eagle``).
 
 Two steps, two venvs (vLLM's venv has no GGUF reader):
 
@@ -26,7 +27,9 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("none", "untrimmed", "trimmed")
+# eagle*: an EAGLE checkpoint (--eagle, e.g. bench/eagle_drafter.py's) on vLLM's eagle route
+# self: the target drafting for itself, trimmed
+CONFIGS = ("none", "untrimmed", "trimmed", "eagle-untrimmed", "eagle", "self")
 
 
 def prepare(a) -> None:
@@ -51,6 +54,10 @@ def serve(a) -> None:
     target, drafter = os.path.join(a.dir, "target"), os.path.join(a.dir, "drafter")
     if a.config == "none":  # the same KV-cache layout as the speculative runs
         args = {"model": target, "disable_hybrid_kv_cache_manager": True}
+    elif a.config == "self":
+        args = tv.engine_args(target, None, a.k)
+    elif a.config.startswith("eagle"):
+        args = tv.engine_args(target, a.eagle, a.k, trim=a.config == "eagle", method="eagle")
     else:
         args = tv.engine_args(target, drafter, a.k, trim=a.config == "trimmed")
     llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
@@ -93,7 +100,9 @@ def main() -> None:
     p.add_argument("--drafter-weights", default="shipped",
                    help="'shipped', a safetensors file from `trimpass train`, or 'none'")
     p.add_argument("--config", choices=CONFIGS, help="serve one configuration (internal)")
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default="none,untrimmed,trimmed", help=f"of {', '.join(CONFIGS)}")
+    p.add_argument("--eagle", default="out/eagle/eagle-ckpt",
+                   help="the eagle configurations' EAGLE checkpoint (bench/eagle_drafter.py's)")
     p.add_argument("--prompts", type=int, default=16, help="held-out prompts --prepare writes")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
@@ -109,7 +118,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for c in a.configs.split(","):
         cmd = [sys.executable, __file__, "--config", c, "--dir", a.dir, "--tokens",
-               str(a.tokens), "-k", str(a.k), "--memory", str(a.memory)]
+               str(a.tokens), "-k", str(a.k), "--memory", str(a.memory), "--eagle", a.eagle]
         r = subprocess.run(cmd, capture_output=True, text=True)
         lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
         if r.returncode or not lines:
@@ -117,7 +126,7 @@ def main() -> None:
         for row in json.loads(lines[-1][7:]):
             mat = "-" if row["mat"] is None else f"{row['mat']:.2f}"
             ms = "-" if c == "none" else f"{row['draft_ms']:.1f}"
-            act = f"{row['mean_active']:.0f}" if c == "trimmed" else "-"
+            act = f"{row['mean_active']:.0f}" if c in ("trimmed", "eagle", "self") else "-"
             print(f"| {c} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | {act} |",
                   flush=True)
 

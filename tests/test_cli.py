@@ -107,3 +107,11 @@ def test_help_shows_every_default(name, capsys):
         opt = action.option_strings[0]
         assert action.help, f"{name} {opt}: no help"
         assert action.required or "default" in entries[opt], f"{name} {opt}: {entries[opt]!r}"
+
+
+def test_train_eagle_refuses_the_truncations_options_before_anything_loads(capsys):
+    from trimpass.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--drafter", "eagle", "--lora-rank", "4"])
+    assert e.value.code == 2
+    assert "argument --lora-rank: not for --drafter eagle" in capsys.readouterr().err

@@ -70,7 +70,11 @@ def _train(args) -> int:
         return 2
     print(f"trained {r.steps} steps, {r.tokens:,} tokens in {r.wall_s:.1f}s "
           f"({r.tokens_per_s:,.0f} tokens/s); last loss {r.losses[-1] if r.losses else 'n/a'}")
-    print(f"wrote {r.weights} (load with trimpass.models.gemma3_270m_drafter(weights=...))")
+    if getattr(args, "drafter", "truncation") == "eagle":
+        print(f"wrote {r.weights} (a vLLM EAGLE checkpoint: trimpass.serving.vllm.engine_args("
+              "target_dir, it, method='eagle'))")
+    else:
+        print(f"wrote {r.weights} (load with trimpass.models.gemma3_270m_drafter(weights=...))")
     return 0
 
 
@@ -200,6 +204,12 @@ def _select_args(s) -> None:
 
 
 def _train_args(t) -> None:
+    t.add_argument("--drafter", choices=["truncation", "eagle"], default="truncation",
+                   help="truncation: the target's first --layers layers; eagle: one Llama "
+                   "layer over the target's last hidden state and the next token (written as a "
+                   "vLLM EAGLE checkpoint, OUT/eagle)")
+    t.add_argument("--ttt", type=_number(int, 1, 8), default=2,
+                   help="eagle: chained training-time-test steps over its own outputs")
     t.add_argument("--loss", choices=["kl", "eal", "wtv"], default="kl",
                    help="distillation (kl) or expected acceptance length (eal greedy, wtv "
                    "sampling)")
@@ -218,8 +228,9 @@ def _train_args(t) -> None:
                    help="tokens drafted per window")
     t.add_argument("--temperature", type=_number(float, 0.0, lo_open=True), default=1.0,
                    help="the target's and drafter's softmax temperature")
-    t.add_argument("--lr", type=_number(float, 0.0, 1.0, lo_open=True), default=1e-4,
-                   help="AdamW learning rate")
+    t.add_argument("--lr", type=_number(float, 0.0, 1.0, lo_open=True),
+                   help="AdamW learning rate (default: 1e-4; 1e-3 for --drafter eagle, trained "
+                   "from scratch)")
     t.add_argument("--batch", type=_number(int, 1), default=4, help="sequences per step")
     t.add_argument("--seq-len", type=_number(int, 2), default=256, help="tokens per sequence")
     t.add_argument("--seed", type=_number(int, 0), default=0, help="random seed")
@@ -250,6 +261,12 @@ def _check(args) -> None:
             if max(args.k) > V:
                 p.error(f"argument --k: {max(args.k)} exceeds {name}'s vocabulary of {V:,}; "
                         f"pass K <= {V:,} (or drop that --shape)")
+    if args.cmd == "train" and args.drafter == "eagle":
+        for flag, on in (("--grpo", args.grpo), ("--lora-rank", args.lora_rank),
+                         ("--init", args.init), ("--export-hf", args.export_hf)):
+            if on:
+                p.error(f"argument {flag}: not for --drafter eagle (trained whole from scratch, "
+                        "written as a vLLM EAGLE checkpoint); drop it")
     if args.cmd == "train" and args.train_layers > args.layers:
         p.error(f"argument --train-layers: {args.train_layers} exceeds --layers {args.layers}; "
                 "pass at most the drafter's layers")

@@ -201,3 +201,19 @@ def test_a_draft_vocabulary_map_outside_the_target_or_not_one_to_one_is_refused(
         head.DraftVocab(torch.tensor([1, 0, 0]), 10)
     v = head.DraftVocab(torch.tensor([2, 3, 3]), 10)  # target ids 2, 4, 5
     assert v.to_draft(torch.tensor([[2, 3, 4, 5, -1, 12]])).tolist() == [[0, -1, 1, 2, -1, -1]]
+
+
+def test_a_static_list_composes_with_a_draft_vocabulary():
+    """One static list for every row (target ids): each row finite on the list's ids inside the
+    draft vocabulary, -inf on the rest of the list."""
+    V, Vd, d, B = 50, 20, 8, 3
+    targets = torch.arange(0, 40, 2)  # the even ids below 40
+    vocab = head.DraftVocab(targets - torch.arange(Vd), V)
+    x, W = torch.randn(B, d), torch.randn(Vd, d)
+    static = torch.tensor([1, 2, 3, 4, 41, 42])
+    local, U = head.trimmed_logits(x, W, vocab.to_draft(static), torch.tensor(len(static)))
+    got = vocab.to_target(local)
+    assert U == 2
+    for b in range(B):
+        assert torch.isfinite(got[b]).nonzero().reshape(-1).tolist() == [2, 4]
+        torch.testing.assert_close(got[b, [2, 4]], x[b] @ W[[1, 2]].T)

@@ -1,9 +1,10 @@
 """Run a tiny Llama target through a real vLLM engine with a tiny random EAGLE drafter and print
 one JSON line of results (tests only; run by tests/serving/test_vllm_eagle.py in a subprocess):
 ``python vllm_eagle_run.py DIR MODE SETTINGS_JSON``, MODE one of ``none`` (no speculation),
-``eagle`` and ``eagle3`` (trimmed with SETTINGS_JSON), ``eagle3-plain`` (untrimmed). The EAGLE-3
-drafter has its own 1,024-id head vocabulary (a ``d2t`` map) inside the target's 2,048 ids. Greedy,
-fp32; prompts and the run as in ``vllm_run.py``.
+``eagle`` and ``eagle3`` (trimmed with SETTINGS_JSON), ``gemma-none`` and ``gemma-eagle`` (a tiny
+Gemma3 target alone, and with a drafter trimpass's trainer wrote). The EAGLE-3 drafter has its
+own 1,024-id head vocabulary (a ``d2t`` map) inside the target's 2,048 ids. Greedy, fp32; prompts
+and the run as in ``vllm_run.py``.
 """
 from __future__ import annotations
 
@@ -94,6 +95,28 @@ def make_drafter(d: str, method: str, target: str) -> None:
         json.dump(cfg, f)
 
 
+def _gemma_args(root: str, mode: str, settings: dict) -> dict:
+    """``gemma-none``: the tiny Gemma3 of ``vllm_run.py`` alone; ``gemma-eagle``: beside it, an
+    EAGLE drafter written by ``trimpass.train.eagle.save_eagle`` (untrained: its layer passes the
+    target's feature through), trimmed."""
+    from trimpass.serving import vllm as tv
+    target = os.path.join(root, "gemma")
+    if not os.path.exists(os.path.join(target, "config.json")):
+        vr.make_model(target)
+    if mode == "gemma-none":
+        return {"model": target}
+    drafter = os.path.join(root, "gemma-eagle")
+    if not os.path.exists(os.path.join(drafter, "config.json")):
+        import torch
+        from transformers import Gemma3ForCausalLM
+
+        from trimpass.train.eagle import EagleDrafter, save_eagle
+        torch.manual_seed(0)
+        save_eagle(EagleDrafter(Gemma3ForCausalLM.from_pretrained(target), heads=2, kv_heads=1,
+                                ffn=FFN), drafter)
+    return tv.engine_args(target, drafter, vr.K, method="eagle", **settings)
+
+
 def main() -> None:
     root, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     os.environ["TRIMPASS_CACHE"] = os.path.join(root, "cache")
@@ -103,16 +126,15 @@ def main() -> None:
     from vllm import LLM
 
     from trimpass.serving import vllm as tv
-    if mode == "none":
+    if mode.startswith("gemma"):
+        args = _gemma_args(root, mode, settings)
+    elif mode == "none":
         args = {"model": target}
     else:
-        method = mode.removesuffix("-plain")
-        drafter = os.path.join(root, method)
+        drafter = os.path.join(root, mode)
         if not os.path.exists(os.path.join(drafter, "config.json")):
-            make_drafter(drafter, method, target)
-        trim = not mode.endswith("-plain")
-        args = tv.engine_args(target, drafter, vr.K, trim=trim, method=method,
-                              **(settings if trim else {}))
+            make_drafter(drafter, mode, target)
+        args = tv.engine_args(target, drafter, vr.K, method=mode, **settings)
     res = vr.greedy_results(LLM(**args, **vr.ENGINE), mode != "none")
     res["draft_targets"] = draft_targets()
     print("RESULT " + json.dumps(res), flush=True)

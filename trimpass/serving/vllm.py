@@ -1,6 +1,7 @@
 """trimpass in vLLM (tested with 0.32.0): the public face, importable without vLLM.
 
-vLLM runs a ``draft_model`` drafter with its own KV cache and batching and computes its logits in
+vLLM runs a ``draft_model`` drafter (or an EAGLE one, ``method="eagle"``/``"eagle3"``:
+:mod:`trimpass.serving.vllm_eagle`) with its own KV cache and batching and computes its logits in
 the drafter model's ``compute_logits``, outside any graph trimpass compiles. Trimming is switched
 on by configuration alone: :func:`engine_args` checks the two checkpoints and the settings, writes
 them to ``trimpass.json`` in a linked copy of the drafter checkpoint in trimpass's cache

@@ -376,7 +376,12 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
 
 
 def run_cli(args) -> TrainResult:
-    """``python -m trimpass train``: the real Gemma-3-270M target and its truncated drafter."""
+    """``python -m trimpass train``: the real Gemma-3-270M target and its truncated drafter (or,
+    with ``--drafter eagle``, an EAGLE-style one: :func:`trimpass.train.eagle.run_cli`)."""
+    if getattr(args, "drafter", "truncation") == "eagle":
+        from trimpass.train.eagle import run_cli as run_eagle
+        return run_eagle(args)
+    args.lr = args.lr or 1e-4
     from trimpass.hf.gemma import END_TURN, GGUFTokenizer
     from trimpass.models import drafter_from, gemma3_270m, load_weights, save_hf
     from trimpass.train.cache import build_cache
