@@ -7,29 +7,18 @@ counts rows whose finite logits are not exactly their active ids, or differ ther
 (the trimmed drafter with a verification budget), then a fixed draft length switched on live.
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("vllm")
 
-HERE = os.path.dirname(__file__)
 KEEP = list(range(512))  # a fixed core, no learning: a row's ids are the core and its own tokens
 SETTINGS = {"check": True, "learn_core": 0, "keep": KEEP, "capacity": 1024}
 
 
 def _run(model_dir, mode, **extra_env):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.pop("TRIMPASS_DISABLE", None)
-    env.update(extra_env)
-    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_run.py"), model_dir, mode,
-                        json.dumps(SETTINGS)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    from tests.serving.vllm_run import run_script
+    return run_script("vllm_run.py", model_dir, mode, json.dumps(SETTINGS), **extra_env)
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +106,9 @@ def test_with_temperature_the_emitted_distribution_is_the_targets(tmp_path):
 
     from tests.serving import vllm_run as vr
     d = str(tmp_path / "v64")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     keep = list(range(16))
-    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_run.py"), d, "sample",
-                        json.dumps({"learn_core": 0, "keep": keep, "capacity": 32})],
-                       capture_output=True, text=True, env=env, timeout=600)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
-    r = json.loads(lines[-1][len("RESULT "):])
+    r = vr.run_script("vllm_run.py", d, "sample",
+                      json.dumps({"learn_core": 0, "keep": keep, "capacity": 32}))
     assert r["stats"]["calls"] > 0 and r["stats"]["fallbacks"] == 0
     V, prompt = vr.SAMPLE_V, vr.SAMPLE_PROMPT
     m = Gemma3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
@@ -150,15 +134,9 @@ DCUT_TABLE = {"batches": [1, 8], "drafts": [0, 32],
 
 @pytest.fixture(scope="module")
 def dcut_run(runs, tmp_path_factory):
+    from tests.serving.vllm_run import run_script
     d = str(tmp_path_factory.mktemp("tiny_dcut") / "gemma3")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
-                                                            "TRIMPASS_DISABLE")}
-    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_run.py"), d, "dcut",
-                        json.dumps({"policy": "dcut", "table": DCUT_TABLE})],
-                       capture_output=True, text=True, env=env, timeout=600)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_script("vllm_run.py", d, "dcut", json.dumps({"policy": "dcut", "table": DCUT_TABLE}))
 
 
 def test_dcut_in_vllm_is_lossless_and_verifies_per_request_prefixes(runs, dcut_run):

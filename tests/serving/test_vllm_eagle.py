@@ -5,29 +5,19 @@ the plain head: a row's finite logits must be exactly its active ids inside the 
 vocabulary, equal there). Each engine runs in a fresh subprocess (``vllm_eagle_run.py``). Skipped
 where vLLM is not installed."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("vllm")
 
-HERE = os.path.dirname(__file__)
 KEEP = list(range(512))
 SETTINGS = {"check": True, "learn_core": 0, "keep": KEEP, "capacity": 1024}
 K = 3
 
 
-def _run(root, mode, **extra_env):
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRIMPASS_DISABLE")}
-    env.update(extra_env)
-    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_eagle_run.py"), str(root), mode,
-                        json.dumps(SETTINGS)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+def _run(root, mode):
+    from tests.serving.vllm_run import run_script
+    return run_script("vllm_eagle_run.py", str(root), mode, json.dumps(SETTINGS))
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,21 @@ import sys
 V, K = 2048, 3
 
 
+def run_script(script: str, *args: str, **extra_env) -> dict:
+    """Run ``script`` (this directory's, e.g. ``vllm_run.py``) with ``args`` in a fresh process,
+    trimpass enabled and Triton's interpreter off, and return its ``RESULT`` JSON line (tests)."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
+                                                             "TRIMPASS_DISABLE")}
+    env.update(extra_env)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, os.path.join(here, script), *args], capture_output=True,
+                       text=True, env=env, timeout=600)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def make_model(d: str, vocab: int = V) -> None:
     """A tiny random Gemma3ForCausalLM (untied head, so greedy outputs vary) in safetensors."""
     import torch
