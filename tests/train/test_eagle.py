@@ -74,6 +74,16 @@ def test_training_raises_agreement_with_the_target(target, cache, feats):
     assert 0.0 <= after[1] <= 1.0
 
 
+@pytest.mark.parametrize("loss, core", [("eal", 0), ("wtv", 64), ("eal", 64)])
+def test_each_loss_trains_over_the_full_head_or_a_core(target, cache, feats, loss, core):
+    d = _drafter(target)
+    before = d.fc.weight.detach().clone()
+    out = eagle.train_eagle(d, cache, feats, tokens=3 * 2 * (S - 1), batch=2, core=core,
+                            loss=loss)
+    assert out["steps"] == 3 and all(torch.isfinite(torch.tensor(out["losses"])))
+    assert not torch.equal(d.fc.weight, before)
+
+
 def test_the_checkpoint_has_vllms_eagle_names(target, tmp_path):
     d = _drafter(target)
     path = eagle.save_eagle(d, str(tmp_path / "eagle"))

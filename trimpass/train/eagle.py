@@ -115,7 +115,8 @@ def _step_loss(drafter, h, cache_rows, loss, gamma, T, active, V):
     cols = _columns(tids, active)
     d = drafter.logits(h, cols).float()
     if loss == "eal":
-        return losses.eal_loss(d, torch.searchsorted(cols, greedy), gamma)
+        return losses.eal_loss(d, greedy if cols is None else torch.searchsorted(cols, greedy),
+                               gamma)
     tgt = _target(vals, tids, cols, V)
     if loss == "kl":
         return losses.kl_loss(d, tgt, T, target_lse=lse)
@@ -169,7 +170,7 @@ def train_eagle(drafter: EagleDrafter, cache: TargetCache, feats: torch.Tensor, 
                                                             temperature, active, V)
         opt.zero_grad(set_to_none=True)
         total.backward()
-        curve.append(float(total))
+        curve.append(float(total.detach()))
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
