@@ -64,13 +64,16 @@ def _select(args) -> int:
 
 
 def _train(args) -> int:
-    from trimpass.train.trainer import run_cli as run
+    if args.drafter == "eagle":
+        from trimpass.train.eagle import run_cli as run
+    else:
+        from trimpass.train.trainer import run_cli as run
     r = _run_checked(run, args)
     if r is None:
         return 2
     print(f"trained {r.steps} steps, {r.tokens:,} tokens in {r.wall_s:.1f}s "
           f"({r.tokens_per_s:,.0f} tokens/s); last loss {r.losses[-1] if r.losses else 'n/a'}")
-    if getattr(args, "drafter", "truncation") == "eagle":
+    if args.drafter == "eagle":
         print(f"wrote {r.weights} (a vLLM EAGLE checkpoint: trimpass.serving.vllm.engine_args("
               "target_dir, it, method='eagle'))")
     else:

@@ -23,7 +23,7 @@ from torch import nn
 
 from trimpass.train import losses
 from trimpass.train.cache import TargetCache
-from trimpass.train.trainer import _columns, _target
+from trimpass.train.trainer import TrainResult, columns, dense_target
 
 __all__ = ["EagleDrafter", "target_features", "target_outputs", "train_eagle", "agreement",
            "save_eagle"]
@@ -112,12 +112,12 @@ def target_outputs(target, ids: torch.Tensor, *, k: int = 32, temperature: float
 
 def _step_loss(drafter, h, cache_rows, loss, gamma, T, active, V):
     vals, tids, lse, greedy = cache_rows
-    cols = _columns(tids, active)
+    cols = columns(tids, active)
     d = drafter.logits(h, cols).float()
     if loss == "eal":
         return losses.eal_loss(d, greedy if cols is None else torch.searchsorted(cols, greedy),
                                gamma)
-    tgt = _target(vals, tids, cols, V)
+    tgt = dense_target(vals, tids, cols, V)
     if loss == "kl":
         return losses.kl_loss(d, tgt, T, target_lse=lse)
     return losses.wtv_loss(d, tgt, gamma, T, target_lse=lse)
@@ -240,7 +240,6 @@ def run_cli(args):
     from trimpass.hf.gemma import END_TURN, GGUFTokenizer
     from trimpass.models import gemma3_270m
     from trimpass.train.data import sharegpt_sequences
-    from trimpass.train.trainer import TrainResult
     seqs = sharegpt_sequences(GGUFTokenizer(), seq_len=args.seq_len,
                               tokens=args.data_tokens or args.tokens, eos=END_TURN)
     target = gemma3_270m(torch.float32 if args.cache_dtype == "fp32" else torch.bfloat16)

@@ -89,11 +89,13 @@ def draft_logits(drafter, ids, cols):
     return softcap(logits, cap or 0.0)
 
 
-def _columns(topk_ids, active):
+def columns(topk_ids, active):
+    """The trained columns: the active set plus every cached top-k id (None: the full head)."""
     return None if active is None else torch.unique(torch.cat([active, topk_ids.reshape(-1)]))
 
 
-def _target(topk_vals, topk_ids, cols, V):
+def dense_target(topk_vals, topk_ids, cols, V):
+    """The cached top-k logits placed over ``cols`` (or all V), -inf elsewhere."""
     B, S, _ = topk_ids.shape
     pos = topk_ids if cols is None else torch.searchsorted(cols, topk_ids)
     out = torch.full((B, S, V if cols is None else len(cols)), -math.inf)
@@ -107,12 +109,12 @@ def _batch(cache, idx, seq_len):
 
 def _base_loss(drafter, batch, loss, gamma, T, active, V):
     ids, vals, tids, lse, greedy = batch
-    cols = _columns(tids, active)
+    cols = columns(tids, active)
     d = draft_logits(drafter, ids, cols)
     if loss == "eal":
         index = greedy if cols is None else torch.searchsorted(cols, greedy)
         return losses.eal_loss(d, index, gamma)
-    tgt = _target(vals, tids, cols, V)
+    tgt = dense_target(vals, tids, cols, V)
     if loss == "kl":
         return losses.kl_loss(d, tgt, T, target_lse=lse)
     return losses.wtv_loss(d, tgt, gamma, T, target_lse=lse)
@@ -121,7 +123,7 @@ def _base_loss(drafter, batch, loss, gamma, T, active, V):
 def _grpo_loss(drafter, ref, batch, gen, gamma, T, active, G, kl_coef):
     ids, _, tids, _, greedy = batch
     B, S = ids.shape
-    cols = _columns(tids, active)
+    cols = columns(tids, active)
     i = int(torch.randint(0, S - gamma + 1, (1,), generator=gen))
     seq = ids[:, :i + 1].repeat_interleave(G, 0)
     drafted = []
@@ -376,11 +378,7 @@ def train(drafter, target_cache, *, loss="kl", grpo=False, gamma=4, temperature=
 
 
 def run_cli(args) -> TrainResult:
-    """``python -m trimpass train``: the real Gemma-3-270M target and its truncated drafter (or,
-    with ``--drafter eagle``, an EAGLE-style one: :func:`trimpass.train.eagle.run_cli`)."""
-    if getattr(args, "drafter", "truncation") == "eagle":
-        from trimpass.train.eagle import run_cli as run_eagle
-        return run_eagle(args)
+    """``python -m trimpass train``: the real Gemma-3-270M target and its truncated drafter."""
     args.lr = args.lr or 1e-4
     from trimpass.hf.gemma import END_TURN, GGUFTokenizer
     from trimpass.models import drafter_from, gemma3_270m, load_weights, save_hf
