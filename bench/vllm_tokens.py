@@ -28,8 +28,11 @@ import sys
 import time
 
 # eagle*: an EAGLE checkpoint (--eagle, e.g. bench/eagle_drafter.py's) on vLLM's eagle route
-# self: the target drafting for itself, trimmed
-CONFIGS = ("none", "untrimmed", "trimmed", "eagle-untrimmed", "eagle", "self")
+# self: the target drafting for itself, trimmed; self-dcut: the same with D-Cut's budget (a step
+# where no draft can pay runs no drafter forward: the drafter uses the target's KV cache)
+# ngram: vLLM's prompt-lookup drafter (no model), the peer with no drafter to train
+CONFIGS = ("none", "untrimmed", "trimmed", "eagle-untrimmed", "eagle", "self", "self-dcut",
+           "ngram")
 
 
 def prepare(a) -> None:
@@ -56,20 +59,26 @@ def serve(a) -> None:
         args = {"model": target, "disable_hybrid_kv_cache_manager": True}
     elif a.config == "self":
         args = tv.engine_args(target, None, a.k)
+    elif a.config == "self-dcut":
+        args = tv.engine_args(target, None, a.k, budget={"policy": "dcut", "measure_s": 10})
+    elif a.config == "ngram":
+        args = {"model": target, "disable_hybrid_kv_cache_manager": True, "speculative_config": {
+            "method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4}}
     elif a.config.startswith("eagle"):
         args = tv.engine_args(target, a.eagle, a.k, trim=a.config == "eagle", method="eagle")
     else:
         args = tv.engine_args(target, drafter, a.k, trim=a.config == "trimmed")
     llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
-              gpu_memory_utilization=a.memory, enforce_eager=True, max_num_seqs=16,
-              disable_log_stats=False)
+              gpu_memory_utilization=a.memory, enforce_eager=True,
+              max_num_seqs=max(_concurrency(a)), disable_log_stats=False)
     with open(os.path.join(a.dir, "prompts.json")) as f:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in json.load(f)]
     sp = SamplingParams(temperature=0, max_tokens=a.tokens, detokenize=False, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, detokenize=False),
                  use_tqdm=False)  # warm-up
     rows = []
-    for c in (1, 4, 16):
+    for c in _concurrency(a):
         before = _counters(llm)
         t = time.perf_counter()
         outs = llm.generate(prompts[:c], sp, use_tqdm=False)
@@ -80,15 +89,22 @@ def serve(a) -> None:
         rows.append({"config": a.config, "concurrency": c, "tokens_s": n / dt,
                      "draft_ms": 1e3 * d["propose_s"] / max(d["proposals"], 1),
                      "mat": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
-                     "mean_active": after.get("mean_active")})
+                     "mean_active": after.get("mean_active"),
+                     "skipped": d.get("skipped", 0)})
     print("RESULT " + json.dumps(rows), flush=True)
+
+
+def _concurrency(a) -> list[int]:
+    return [int(c) for c in a.concurrency.split(",")]
 
 
 def _counters(llm) -> dict:
     from trimpass.serving import vllm as tv
     m = {x.name: getattr(x, "value", 0) for x in llm.get_metrics()}
     s = tv.stats(llm)
-    return {"accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),
+    b = s.get("budget", {})
+    return {"skipped": b.get("skipped", 0) + b.get("skipped_first_forward_ran", 0),
+            "accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),
             "drafts": m.get("vllm:spec_decode_num_drafts", 0), "proposals": s["proposals"],
             "propose_s": s["propose_s"], "mean_active": s["mean_active"]}
 
@@ -104,6 +120,7 @@ def main() -> None:
     p.add_argument("--eagle", default="out/eagle/eagle-ckpt",
                    help="the eagle configurations' EAGLE checkpoint (bench/eagle_drafter.py's)")
     p.add_argument("--prompts", type=int, default=16, help="held-out prompts --prepare writes")
+    p.add_argument("--concurrency", default="1,4,16", help="concurrent requests, in turn")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
     p.add_argument("--memory", type=float, default=0.3,
@@ -114,11 +131,13 @@ def main() -> None:
         return prepare(a)
     if a.config:
         return serve(a)
-    print("| drafter | concurrency | tokens/s | draft ms/proposal | MAT | mean active ids |")
-    print("|---|---|---|---|---|---|")
+    print("| drafter | concurrency | tokens/s | draft ms/proposal | MAT | mean active ids | "
+          "proposals skipped |")
+    print("|---|---|---|---|---|---|---|")
     for c in a.configs.split(","):
         cmd = [sys.executable, __file__, "--config", c, "--dir", a.dir, "--tokens",
-               str(a.tokens), "-k", str(a.k), "--memory", str(a.memory), "--eagle", a.eagle]
+               str(a.tokens), "-k", str(a.k), "--memory", str(a.memory), "--eagle", a.eagle,
+               "--concurrency", a.concurrency]
         r = subprocess.run(cmd, capture_output=True, text=True)
         lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
         if r.returncode or not lines:
@@ -126,9 +145,10 @@ def main() -> None:
         for row in json.loads(lines[-1][7:]):
             mat = "-" if row["mat"] is None else f"{row['mat']:.2f}"
             ms = "-" if c == "none" else f"{row['draft_ms']:.1f}"
-            act = f"{row['mean_active']:.0f}" if c in ("trimmed", "eagle", "self") else "-"
-            print(f"| {c} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | {act} |",
-                  flush=True)
+            act = f"{row['mean_active']:.0f}" if c in ("trimmed", "eagle", "self",
+                                                       "self-dcut") else "-"
+            print(f"| {c} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | {act} "
+                  f"| {row.get('skipped', 0)} |", flush=True)
 
 
 if __name__ == "__main__":

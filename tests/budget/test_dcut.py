@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from trimpass.budget import dcut, draft_more, next_step_pays
+from trimpass.budget import dcut, draft_more, drafting_pays, next_step_pays
 
 
 def py_scores(conf):
@@ -218,3 +218,45 @@ def test_next_step_pays_only_when_drafting_is_cheap_against_its_gain():
     assert next_step_pays(torch.zeros(2, 0), cheap, 0.0, 1.0)  # nothing drafted yet
     with pytest.raises(ValueError, match="step_time: must be finite and >= 0"):
         next_step_pays(conf, cheap, 0.0, -1.0)
+
+
+def _brute_drafting_pays(B, vals, first, step, gamma, p):
+    """Some depth D and kept K <= B * D beat drafting nothing, each draft at its best (every
+    kept token accepted with probability p)."""
+    none = B / vals[0]
+    return any((B + K * p) / (first + (D - 1) * step + vals[K]) > none
+               for D in range(1, gamma + 1) for K in range(1, B * D + 1))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_drafting_pays_matches_brute_force_and_no_cut_beats_it_when_false(seed):
+    rng = random.Random(seed)
+    B, gamma = rng.randint(1, 4), rng.randint(1, 4)
+    cost, vals = random_cost(rng, B, B * gamma, tensor=seed % 2 == 0)
+    first, step = rng.choice([0.0, rng.uniform(0, 0.5)]), rng.uniform(0, 0.3)
+    p = rng.choice([1.0, rng.uniform(0.2, 1.0)])
+    pays = drafting_pays(B, cost, first, step, gamma_max=gamma, accept_max=p)
+    assert pays == _brute_drafting_pays(B, vals, first, step, gamma, p)
+    if not pays:  # then no draft of confidences <= p, at any depth, is worth its time
+        for _ in range(20):
+            D = rng.randint(1, gamma)
+            conf = [[rng.uniform(0, p) for _ in range(D)] for _ in range(B)]
+            n = dcut(torch.tensor(conf, dtype=torch.float64), cost, first + (D - 1) * step)
+            S = py_scores(conf)
+            assert rate(n.tolist(), S, B, first + (D - 1) * step, vals) <= B / vals[0] + 1e-12
+
+
+def test_drafting_pays_where_verification_is_flat_and_not_where_it_is_linear():
+    flat = lambda b, t: 0.05  # noqa: E731
+    linear = lambda b, t: 0.01 * t  # noqa: E731  every token costs the same: drafts never pay
+    assert drafting_pays(16, flat, 0.01, 0.005, gamma_max=4)
+    assert not drafting_pays(16, linear, 0.01, 0.005, gamma_max=4)
+    assert not drafting_pays(1, flat, 1.0, 0.0, gamma_max=4)  # the first forward costs too much
+    assert drafting_pays(1, flat, 0.01, 0.0, gamma_max=4, accept_max=0.5)
+    assert not drafting_pays(1, flat, 0.01, 0.0, gamma_max=4, accept_max=0.0)
+    for bad, match in (({"batch": 0}, "batch"), ({"gamma_max": 0}, "gamma_max"),
+                       ({"accept_max": 1.5}, "accept_max"), ({"first_time": -1.0}, "first_time")):
+        kw = {"batch": 2, "cost": flat, "first_time": 0.0, "step_time": 0.0, "gamma_max": 2,
+              **bad}
+        with pytest.raises(ValueError, match=match):
+            drafting_pays(**kw)

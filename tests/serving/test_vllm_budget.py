@@ -33,7 +33,11 @@ class Proposer:
             return probs.argmin(dim=-1), probs  # "sampled": a token the argmax would not pick
         return h.argmax(dim=-1), None
 
-    def propose(self, num_speculative_tokens, sampling_metadata):
+    def propose(self, num_speculative_tokens, sampling_metadata, next_token_ids=None):
+        self.asked = num_speculative_tokens
+        if num_speculative_tokens == 0:  # vLLM's K = 0 path: the first forward only
+            self.forwards += 1
+            return torch.empty(B, 0, dtype=torch.int64)
         ids, probs = [], []
         for k in range(num_speculative_tokens):
             self.forwards += 1
@@ -136,7 +140,66 @@ def test_dcut_stops_drafting_where_a_step_costs_more_than_it_can_win():
     p = Proposer(_steps(5, sharp=8.0))
     b = _budget(p, policy="dcut", table=_table(0.0))  # verified tokens are free...
     b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY))
-    b.step_s = 100.0  # ...but a drafting step costs 100 s against 1 s for a verification
+    b.step_s = {k: 100.0 for k in b.step_s}  # ...but a drafting step costs 100 s, against 1 s
+    # for a verification
     p.forwards = 0
     lists = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY))
     assert p.forwards == 1 and [len(x) for x in lists] == [1] * B
+
+
+NEXT = torch.zeros(B, dtype=torch.int64)  # the runner's next tokens: the batch size, for a skip
+
+
+@pytest.mark.parametrize("shares_cache", [True, False])
+def test_a_step_where_no_draft_can_pay_skips_the_drafter(shares_cache):
+    p = Proposer(_steps(6))
+    b = _budget(p, policy="dcut", table=_table(10.0))  # every verified token costs 10 s
+    b.shares_cache = shares_cache
+    ids = ["a", "b", "c"]
+    first = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
+                            next_token_ids=NEXT), ids)
+    assert p.forwards >= 1 and sum(map(len, first)) == 0  # drafted once: timed, cut to nothing
+    p.forwards = 0
+    lists = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
+                            next_token_ids=NEXT), ids)
+    assert lists == [[], [], []] and p._last_draft_probs is None
+    if shares_cache:  # the target's pass wrote the cache: no drafter forward at all
+        assert p.forwards == 0 and b.counts["skipped"] == 1
+    else:  # vLLM's own K = 0 path keeps the drafter's cache in step
+        assert p.forwards == 1 and p.asked == 0 and b.counts["skipped_first_forward_ran"] == 1
+    p.forwards = 0  # a batch of 5 falls in another bucket, not timed yet: it drafts, and is timed
+    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
+                    next_token_ids=torch.zeros(5, dtype=torch.int64)), ids)
+    assert p.forwards >= 1 and p.asked == GAMMA and b.counts["proposals"] == 2
+
+
+def test_free_verification_never_skips_and_paused_speculation_always_does():
+    p = Proposer(_steps(7))
+    b = _budget(p, policy="dcut", table=_table(0.0))
+    b.shares_cache = True
+    for _ in range(3):
+        b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
+                        next_token_ids=NEXT), ["a", "b", "c"])
+    assert b.counts["skipped"] == 0 and b.counts["proposals"] == 3
+    b.set({"policy": "none"})
+    p.forwards = 0
+    assert b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
+                           next_token_ids=NEXT), ["a", "b", "c"]) == [[], [], []]
+    assert p.forwards == 0 and b.counts["skipped"] == 1
+
+
+def test_drafts_sent_after_a_skip_are_counted_as_resumed():
+    p = Proposer(_steps(8))
+    b = _budget(p, policy="fixed", gamma=2, table=_table(0.0))
+    b.shares_cache = True
+    b.set({"policy": "none"})
+    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY, next_token_ids=NEXT),
+          ["a", "b", "c"])
+    b.set({"policy": "fixed", "gamma": 2})
+    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY, next_token_ids=NEXT),
+          ["a", "b", "z"])  # z joined after the skip: its drafts are not a resume
+    sampled = torch.full((B, GAMMA + 1), -1)
+    sampled[:, :2] = 5  # every request: 1 draft accepted
+    b.observe_acceptance(["a", "b", "z"], sampled)
+    assert b.counts["resumed_sent"] == 4 and b.counts["resumed_accepted"] == 2
+    assert b.counts["accepted"] == 3

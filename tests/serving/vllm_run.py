@@ -6,7 +6,8 @@ engines want a ``__main__`` guard, and each engine gets a fresh process):
 ``plain`` (the model as its own drafter, untrimmed), ``trim`` and ``trim-tp2`` (trimmed, the
 engine sharded over 2 tensor-parallel workers; on a one-NUMA-node CPU vLLM wants
 ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``), ``dcut`` (trimmed, with SETTINGS_JSON as the D-Cut
-budget; see :func:`dcut_run`), ``sample`` (temperature 1). Greedy, fp32; every prompt is
+budget; see :func:`dcut_run`), ``skip`` (trimmed, speculation paused on a schedule of engine
+steps; see :func:`skip_run`), ``sample`` (temperature 1). Greedy, fp32; every prompt is
 generated alone (concurrency 1), then all of them at once (concurrency ``len(prompts)``).
 """
 from __future__ import annotations
@@ -111,6 +112,58 @@ def dcut_run(d: str, settings: dict, kw: dict) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
+def skip_run(d: str, settings: dict, kw: dict) -> None:
+    """All prompts at once, stepped by hand: a fixed draft length of K, paused (policy ``none``)
+    at every engine step ``i`` with ``i % 4`` in ``settings["pause"]`` (two consecutive pauses by
+    default; ``[]`` pauses nothing). ``settings["stale"]`` makes the drafter skip its forwards
+    without the target's cache (a negative control: the engine core runs in this process, where
+    :func:`trimpass.serving.vllm_kv.share_cache` is replaced by a no-op). Greedy outputs, the
+    budget counters and each proposal's first drafted row (check mode)."""
+    import collections
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one engine step per step() call
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from trimpass.serving import vllm as tv
+    from trimpass.serving import vllm_kv
+    pause = set(settings.get("pause", [1, 2]))
+    if settings.get("stale"):
+        vllm_kv.share_cache = lambda names, ctx: []
+    if settings.get("own_cache"):  # the drafter keeps its own cache, as vLLM's route does
+        vllm_kv.same_model = lambda drafter, target: False
+    fixed = {"policy": "fixed", "gamma": K}
+    llm = LLM(**tv.engine_args(d, None, K, budget=fixed, check=True, learn_core=0,
+                               keep=list(range(512)), capacity=1024),
+              **kw, enable_prefix_caching=False)
+    sp = SamplingParams(temperature=0, max_tokens=24, detokenize=False, ignore_eos=True)
+    engine = llm.llm_engine
+    for i, p in enumerate(prompts()):
+        engine.add_request(str(i), TokensPrompt(prompt_token_ids=p), sp)
+    out, step, paused, counts = {}, 0, False, collections.Counter()
+
+    def add_counts():  # set_budget starts the budget's counters from zero
+        counts.update({k: v for k, v in tv.stats(llm)["budget"].items()
+                       if isinstance(v, int) and not isinstance(v, bool)
+                       and k not in ("gamma", "verified_max")})
+
+    while engine.has_unfinished_requests():
+        if (step % 4 in pause) != paused:
+            add_counts()
+            paused = not paused
+            tv.set_budget(llm, "none" if paused else fixed)
+        for o in engine.step():
+            if o.finished:
+                out[int(o.request_id)] = list(o.outputs[0].token_ids)
+        step += 1
+    add_counts()
+    st = tv.stats(llm)
+    print("RESULT " + json.dumps({"together": [out[i] for i in range(len(out))],
+                                  "budget": {**st["budget"], **counts},
+                                  "first": st.get("first", {}),
+                                  "calls": st["calls"], "violations": st["violations"],
+                                  "steps": st["steps"]}), flush=True)
+
+
 def main() -> None:
     d, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     # engine_args writes the settings into trimpass's cache: this test's own, beside its model
@@ -130,6 +183,8 @@ def main() -> None:
         args = {"model": d}
     elif mode == "dcut":
         return dcut_run(d, settings, kw)
+    elif mode == "skip":
+        return skip_run(d, settings, kw)
     else:
         args = tv.engine_args(d, None, K, trim=mode == "trim",
                               **(settings if mode == "trim" else {}))

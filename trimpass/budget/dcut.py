@@ -9,7 +9,8 @@ the top K is a prefix of every request's draft), that maximizes expected emitted
 :class:`trimpass.budget.costmodel.CostTable`); ``buckets`` limits K to static shapes.
 :func:`draft_more` says, after each step of a chain drafter, which requests can still put a token
 into the cut, so drafting can stop per request and for the whole batch; :func:`next_step_pays`
-whether one more step is worth its drafting time.
+whether one more step is worth its drafting time; :func:`drafting_pays`, before any drafting,
+whether any draft at all could beat verifying none (so the drafter need not run).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["dcut", "draft_more", "next_step_pays", "scores"]
+__all__ = ["dcut", "draft_more", "drafting_pays", "next_step_pays", "scores"]
 
 Cost = Callable[..., object]
 
@@ -231,3 +232,34 @@ def draft_more(confidences, cost: Cost, draft_time_per_step: float, *, gamma_max
                                                & (owner[None, :] <= torch.arange(B)[:, None]))
     k = 1 + ahead.sum(dim=1)  # <= B*d + 1 <= B*gamma_max
     return (last > r_lb * tail_min[k - 1]).to(c.device)
+
+
+def drafting_pays(batch: int, cost: Cost, first_time: float, step_time: float, *, gamma_max: int,
+                  accept_max: float = 1.0) -> bool:
+    """Whether any draft could beat drafting nothing, decided before the drafter runs.
+
+    Drafting nothing emits ``batch`` tokens in C(B, B) seconds. A draft whose cut keeps K tokens
+    needs at least D = ceil(K / B) drafting steps (``first_time`` for the first, ``step_time``
+    each after it) and emits at most B + K * ``accept_max`` tokens (``accept_max`` bounds any
+    drafted token's probability of acceptance: 1, or a calibration's largest fitted value). It
+    pays iff for some K in 1..B * ``gamma_max``, (B + K * accept_max) / (first_time + (D - 1) *
+    step_time + C(B, B + K)) > B / C(B, B). False means no cut of any draft could pay: the whole
+    drafting step, first forward included, can be skipped."""
+    first = _check_time(first_time, "first_time")
+    step = _check_time(step_time, "step_time")
+    if isinstance(batch, bool) or not float(batch).is_integer() or batch < 1:
+        raise ValueError(f"batch: must be an integer >= 1, got {batch!r}")
+    if isinstance(gamma_max, bool) or not float(gamma_max).is_integer() or gamma_max < 1:
+        raise ValueError(f"gamma_max: must be an integer >= 1, got {gamma_max!r}")
+    p = float(accept_max)
+    if not 0 <= p <= 1:
+        raise ValueError(f"accept_max: a probability in [0, 1], got {accept_max!r}")
+    if not callable(cost):
+        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
+    B = int(batch)
+    ks = torch.arange(B * int(gamma_max) + 1)
+    seconds = _costs(cost, B, ks)
+    depth = torch.div(ks + B - 1, B, rounding_mode="floor")  # ceil(K / B)
+    draft = first + (depth - 1).clamp_min(0).double() * step
+    rate = (B + ks.double() * p) / (draft + seconds)
+    return bool((rate[1:] > B / seconds[0]).any())

@@ -3,16 +3,19 @@ says whether drafting stops after ``d`` tokens (:meth:`Policy.stop`); after it, 
 tokens each request sends to verification (:meth:`Policy.keep`). ``dcut`` (D-Cut: drafting stops
 where no request can put another token into the cut or another step does not pay, and the cut
 maximizes expected emitted tokens per second), ``all-or-nothing`` (a step's whole draft or none of
-it, by the same cost model), ``fixed`` (draft ``gamma`` tokens, keep them all), ``off`` (the
-engine's own behaviour). An engine adapter (:mod:`trimpass.serving.vllm_budget`) records the
-confidences and timings, calibrates the confidences and calls these. A new policy is one class
-here and its entry in :data:`POLICIES`."""
+it, by the same cost model), ``fixed`` (draft ``gamma`` tokens, keep them all), ``none``
+(speculation paused: nothing drafted), ``off`` (the engine's own behaviour). Before a proposal,
+:meth:`Policy.skip` says whether to draft at all: ``dcut`` and ``all-or-nothing`` skip a step where
+no draft could pay (:func:`trimpass.budget.dcut.drafting_pays`), ``none`` skips every step. An
+engine adapter (:mod:`trimpass.serving.vllm_budget`) records the confidences and timings,
+calibrates the confidences and calls these. A new policy is one class here and its entry in
+:data:`POLICIES`."""
 from __future__ import annotations
 
 import torch
 
 from trimpass.budget.costmodel import CostTable
-from trimpass.budget.dcut import dcut, draft_more, next_step_pays
+from trimpass.budget.dcut import dcut, draft_more, drafting_pays, next_step_pays
 
 SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table")
 
@@ -24,6 +27,12 @@ class Policy:
 
     def __init__(self, settings: dict):
         self.settings = settings
+
+    def skip(self, batch: int, gamma: int, cost, first_s, step_s, accept_max: float) -> bool:
+        """Whether this step drafts nothing, decided before the drafter runs: ``first_s`` and
+        ``step_s`` the drafter's measured seconds at this batch size (None until measured),
+        ``accept_max`` the largest calibrated acceptance probability of a drafted token."""
+        return False
 
     def stop(self, conf, d: int, gamma: int, cost, step_s, first_s, elapsed_s):
         """``(stop drafting now, requests still drafting [B] bool or None)`` after ``d`` drafted
@@ -44,10 +53,27 @@ class Fixed(Policy):
         return d >= self.settings["gamma"], None
 
 
+class Paused(Policy):
+    """Speculation paused: no step drafts (switched on a running engine under load, say)."""
+    name = "none"
+
+    def skip(self, batch, gamma, cost, first_s, step_s, accept_max):
+        return True
+
+
+def _no_draft_pays(batch, gamma, cost, first_s, step_s, accept_max) -> bool:
+    if cost is None or first_s is None or step_s is None or batch < 1:
+        return False  # not measured at this batch size yet: draft, and measure
+    return not drafting_pays(batch, cost, first_s, step_s, gamma_max=gamma, accept_max=accept_max)
+
+
 class DCut(Policy):
     """D-Cut: the verification budget shared across the batch by calibrated confidence."""
     name = "dcut"
     reads_confidence = True
+
+    def skip(self, batch, gamma, cost, first_s, step_s, accept_max):
+        return _no_draft_pays(batch, gamma, cost, first_s, step_s, accept_max)
 
     def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
         if conf is None:
@@ -67,11 +93,14 @@ class AllOrNothing(Policy):
     name = "all-or-nothing"
     reads_confidence = True
 
+    def skip(self, batch, gamma, cost, first_s, step_s, accept_max):
+        return _no_draft_pays(batch, gamma, cost, first_s, step_s, accept_max)
+
     def keep(self, conf, cost, draft_time):
         return dcut(conf, cost, draft_time=draft_time, buckets=[conf.numel()])
 
 
-POLICIES = {p.name: p for p in (DCut, AllOrNothing, Fixed, Policy)}
+POLICIES = {p.name: p for p in (DCut, AllOrNothing, Fixed, Paused, Policy)}
 
 
 def make(settings: dict, gamma_max: int) -> Policy:

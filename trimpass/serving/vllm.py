@@ -97,10 +97,13 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group).
 
     ``budget`` turns on D-Cut (:mod:`trimpass.serving.vllm_budget`), trimmed or not: ``"dcut"``,
-    ``"all-or-nothing"``, ``{"policy": "fixed", "gamma": k}``, ``"off"``, or a dict that also
-    sets ``buckets`` (allowed totals of verified drafted tokens) and ``measure_s`` (seconds for
-    the start-up cost measurement, <= 30); ``num_speculative_tokens`` is then the longest draft
-    (gamma_max). :func:`set_budget` changes the policy of a running engine."""
+    ``"all-or-nothing"``, ``{"policy": "fixed", "gamma": k}``, ``"none"`` (speculation paused),
+    ``"off"``, or a dict that also sets ``buckets`` (allowed totals of verified drafted tokens)
+    and ``measure_s`` (seconds for the start-up cost measurement, <= 30);
+    ``num_speculative_tokens`` is then the longest draft (gamma_max). :func:`set_budget` changes
+    the policy of a running engine. With a budget, the target drafting for itself uses the
+    target's own KV cache (:mod:`trimpass.serving.vllm_kv`), so a step that drafts nothing runs
+    no drafter forward; another drafter runs its first forward there, as vLLM does."""
     budget = _budget_settings(budget)
     if budget is not None:
         budget = check_budget(budget, num_speculative_tokens)
@@ -162,7 +165,8 @@ def stats(llm) -> dict:
     (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming),
     ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
     ``check`` setting also ``checked``, ``violations`` and the isolation check's ``foreign``,
-    ``missing`` and ``isolation_checked`` (:class:`trimpass.serving.vllm_hooks.Trimmer`);
+    ``missing`` and ``isolation_checked``, and ``first``: each proposal's first drafted row, by the
+request's first tokens and length (:class:`trimpass.serving.vllm_hooks.Trimmer`);
     ``runs``: what this route runs where it differs from :class:`trimpass.TrimConfig`'s defaults
     (no escape path, no refresh). All zero when nothing trims."""
     every = [s for s in llm.collective_rpc("trimpass_stats") if s]
@@ -186,6 +190,9 @@ def stats(llm) -> dict:
             seen.setdefault(rid, set()).update(ids)
     if seen:
         out["seen"] = seen
+    first = [s["first"] for s in got if s.get("first")]
+    if first:  # check mode: the driver worker's first-draft logits per (request, length)
+        out["first"] = first[0]
     return out
 
 

@@ -13,8 +13,13 @@ any length. Confidences are first calibrated by what the target accepted of earl
 measured at the engine's first step (the target alone through the runner's own dummy run, at a few
 token counts, within ``measure_s`` seconds; cached per device, model, dtype and grid; or a
 ``table`` the user measured) and refined from the time of every pure decode step the engine then
-runs. Policies: ``dcut``; ``all-or-nothing`` (keep a step's whole draft or none of it, by the same
-cost model); ``fixed`` (draft ``gamma`` tokens, keep them all); ``off`` (vLLM's own behaviour).
+runs. Before each proposal the policy may skip it (``dcut`` and ``all-or-nothing`` where no draft
+could pay at this batch size, ``none`` always): where the drafter shares the target's KV cache
+(:mod:`trimpass.serving.vllm_kv`: the target drafting for itself) no drafter forward runs at all;
+otherwise vLLM's own K = 0 path runs the drafter's first forward, which keeps its cache in step.
+Policies: ``dcut``; ``all-or-nothing`` (keep a step's whole draft or none of it, by the same cost
+model); ``fixed`` (draft ``gamma`` tokens, keep them all); ``none`` (speculation paused); ``off``
+(vLLM's own behaviour).
 vLLM's async scheduling cannot take drafts of varying length; the CPU build runs without it, and a
 GPU engine must set ``async_scheduling=False``.
 """
@@ -64,7 +69,11 @@ class Budget:
         self.model_key = f"{cfg.model_config.model}:{cfg.model_config.dtype}"
         self.max_seqs = int(cfg.scheduler_config.max_num_seqs)
         self.table: CostTable | None = None
-        self.first_s = self.step_s = None  # seconds: first forward + sampling; each later step
+        self.first_s: dict = {}  # batch bucket -> seconds of the first forward + sampling
+        self.step_s: dict = {}  # batch bucket -> seconds of each later drafting step
+        self.shares_cache = False  # the drafter's attention reads and writes the target's cache
+        self._skipped: set = set()  # requests whose last proposal was skipped
+        self._resumed: set = set()  # requests whose drafts in verification follow a skip
         self._sample, self._propose = proposer._sample_draft_tokens, proposer.propose
         proposer._sample_draft_tokens, proposer.propose = self.sample, self.propose
         self.counts = collections.Counter()
@@ -146,6 +155,18 @@ class Budget:
         self._conf, self._ids, self._probs, self._t = [], [], [], [time.perf_counter()]
         self._stopped = None
         self._gamma_run = kwargs.get("num_speculative_tokens", args[0] if args else None)
+        B = _batch_size(kwargs)
+        if B is not None and self._gamma_run and self._skip(B):
+            self.proposer._last_draft_probs = None
+            if self.shares_cache:  # the target's pass already wrote every layer's cache
+                self.counts["skipped"] += 1
+                return torch.empty(B, 0, dtype=torch.int64, device=kwargs["next_token_ids"].device)
+            self.counts["skipped_first_forward_ran"] += 1
+            self._gamma_run = 0
+            if args:
+                args = (0, *args[1:])
+            else:
+                kwargs["num_speculative_tokens"] = 0
         try:
             return self._propose(*args, **kwargs)
         except _StopDrafting:
@@ -153,6 +174,12 @@ class Budget:
             if self._probs:
                 self.proposer._last_draft_probs = torch.stack(self._probs, dim=1).contiguous()
             return torch.stack(self._ids, dim=1)
+
+    def _skip(self, B: int) -> bool:
+        k = _bucket(B)
+        accept_max = float(self.calibration.scores(torch.ones(1, dtype=torch.float64))[0])
+        return self.policy.skip(B, self.gamma_max, self.table, self.first_s.get(k),
+                                self.step_s.get(k), accept_max)
 
     def sample(self, hidden_states, sampling_metadata):
         p = self.proposer
@@ -182,10 +209,13 @@ class Budget:
 
     def _stop_after(self, d: int) -> bool:
         conf = None
-        if self.policy.reads_confidence and self.table is not None and self.step_s is not None:
+        if self.policy.reads_confidence and self.table is not None and \
+                self.step_s.get(_bucket(self._conf[-1].shape[0])) is not None:
             conf = self.calibration.confidences(torch.stack(self._conf, dim=1).cpu())
-        stop, active = self.policy.stop(conf, d, int(self._gamma_run), self.table, self.step_s,
-                                        self.first_s, self._t[-1] - self._t[0])
+        k = _bucket(self._conf[-1].shape[0])
+        stop, active = self.policy.stop(conf, d, int(self._gamma_run), self.table,
+                                        self.step_s.get(k), self.first_s.get(k),
+                                        self._t[-1] - self._t[0])
         if active is not None:
             self._stopped = ~active.to(self._conf[-1].device)
         return stop
@@ -195,15 +225,15 @@ class Budget:
         emitted tokens this step (a [B, 1 + K] tensor with -1 where rejected, or lists)."""
         if not self._sent:
             return
-        if isinstance(sampled, torch.Tensor):
-            valid = (sampled >= 0).sum(dim=1).tolist() if sampled.dim() == 2 else []
-        else:
-            valid = [len(x) for x in sampled or ()]
-        for rid, v in zip(req_ids, valid, strict=False):
+        for rid, v in zip(req_ids, emitted(sampled), strict=False):
             scores = self._sent.pop(rid, None)
             if scores and v > 0:
                 self.calibration.observe(scores, v - 1)
-                self.counts["accepted"] += min(v - 1, len(scores))
+                got = min(v - 1, len(scores))
+                self.counts["accepted"] += got
+                if rid in self._resumed:  # the first drafts after a skipped proposal
+                    self.counts["resumed_sent"] += len(scores)
+                    self.counts["resumed_accepted"] += got
         self._sent.clear()
 
     def cut(self, draft, req_ids=None) -> list[list[int]] | torch.Tensor:
@@ -213,10 +243,16 @@ class Budget:
             self.counts["unbudgeted"] += 1
             return draft
         B, d = draft.shape
-        t = self._t
-        self.first_s = _ema(self.first_s, t[1] - t[0])
+        t, k = self._t, _bucket(B)
+        if req_ids is not None:
+            self._follow_skips(req_ids, skipped=d == 0)
+        if d == 0:
+            self.depth[0] += 1
+            self.kept[0] += 1
+            return [[] for _ in range(B)]
+        self.first_s[k] = _ema(self.first_s.get(k), t[1] - t[0])
         if d > 1:
-            self.step_s = _ema(self.step_s, (t[-1] - t[1]) / (d - 1))
+            self.step_s[k] = _ema(self.step_s.get(k), (t[-1] - t[1]) / (d - 1))
         raw = torch.stack(self._conf, dim=1).cpu().double() if d else torch.zeros(B, 0)
         if not self.policy.reads_confidence or self.table is None or B == 0 or d == 0:
             n = torch.full((B,), d, dtype=torch.long)
@@ -235,10 +271,38 @@ class Budget:
         self.counts["drafted"] += B * d
         return kept
 
+    def _follow_skips(self, req_ids, skipped: bool) -> None:
+        """Which requests' drafts this step are their first after a skipped proposal."""
+        if skipped:
+            self._skipped = set(req_ids)
+            self._resumed = set()
+        else:
+            self._resumed = self._skipped & set(req_ids)
+            self._skipped = set()
+
     def stats(self) -> dict:
         return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
+                "shares_cache": self.shares_cache,
                 **dict(self.counts), "kept": dict(self.kept), "depth": dict(self.depth),
                 "table": None if self.table is None else self.table.to_dict()}
+
+
+def emitted(sampled) -> list[int]:
+    """Tokens each request emitted this step, from the runner's ``sampled_token_ids`` (a [B, 1 +
+    K] tensor with -1 where rejected, or lists)."""
+    if isinstance(sampled, torch.Tensor):
+        return (sampled >= 0).sum(dim=1).tolist() if sampled.dim() == 2 else []
+    return [len(x) for x in sampled or ()]
+
+
+def _batch_size(kwargs) -> int | None:
+    ids = kwargs.get("next_token_ids")
+    return None if ids is None else int(ids.shape[0])
+
+
+def _bucket(batch: int) -> int:
+    """The power of two at or above ``batch``: drafting times are kept per bucket."""
+    return 1 << max(int(batch) - 1, 0).bit_length()
 
 
 def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:

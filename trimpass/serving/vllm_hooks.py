@@ -17,7 +17,9 @@ method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has o
 ``max_num_seqs``; a smaller ``max_rows`` is a start-up error. A drafter with budget settings also
 gets a :class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's ``execute_model`` is
 timed for its cost model (measured before the engine's first step), each proposal is cut into
-per-request lists, and ``trimpass_budget`` switches its policy."""
+per-request lists, and ``trimpass_budget`` switches its policy; where that drafter is the target
+itself, ``GPUModelRunner.initialize_kv_cache_tensors`` then points its attention layers at the
+target's cache (:mod:`trimpass.serving.vllm_kv`), so a skipped proposal runs no drafter forward."""
 from __future__ import annotations
 
 import time
@@ -26,9 +28,10 @@ import torch
 
 from trimpass.dynamic.state import ActiveState
 from trimpass.measure import timed
+from trimpass.serving import vllm_kv
 from trimpass.serving import vllm_settings as front
 from trimpass.serving.head import DraftVocab, RequestRows, trimmed_logits
-from trimpass.serving.vllm_budget import Budget
+from trimpass.serving.vllm_budget import Budget, emitted
 from trimpass.serving.vllm_report import Report, memory
 
 _installed = False
@@ -86,6 +89,9 @@ class Trimmer:
         self.rows = RequestRows(self.state)
         self.batch: list | None = None  # request ids of the proposal under way
         self.own: list = []  # check mode: each batch row's own tokens (the isolation check)
+        self.keys: list = []  # check mode: each batch row's (first tokens, length)
+        self.first: dict = {}  # check mode: "first tokens|length" -> the first draft's logits
+        self._first_call = False
         self.calls = self.fallbacks = self.steps = self.checked = self.violations = 0
         self.foreign = self.missing = self.isolation_checked = 0
         self.rows_s = self.head_s = 0.0  # seconds following rows / in the trimmed head
@@ -102,14 +108,14 @@ class Trimmer:
                     self.state.bytes_per_row() if self.state else 0)
 
     # ---- rows that follow the runner's batch --------------------------------------------------
-    def begin(self, runner) -> None:
+    def begin(self, runner, sampled=None) -> None:
         t0 = time.perf_counter()
         try:
-            self._begin(runner)
+            self._begin(runner, sampled)
         finally:
             self.rows_s += time.perf_counter() - t0
 
-    def _begin(self, runner) -> None:
+    def _begin(self, runner, sampled) -> None:
         ib = runner.input_batch
         req_ids = list(ib.req_ids[:ib.num_reqs])
         self.batch, self.steps = req_ids, self.steps + 1
@@ -119,6 +125,11 @@ class Trimmer:
         self.rows.follow(req_ids, n, lambda i, a, b: ib.token_ids_cpu[i, a:b].copy())
         if self.check:
             self.own = [set(ib.token_ids_cpu[i, :n[i]].tolist()) for i in range(len(req_ids))]
+            got = emitted(sampled)  # not yet in the batch's tokens: the first draft follows them
+            got += [0] * (len(req_ids) - len(got))
+            self.keys = [f"{ib.token_ids_cpu[i, :4].tolist()}|{n[i] + got[i]}"
+                         for i in range(len(req_ids))]
+            self._first_call = True
         if self.log_interval and time.monotonic() - self._last_log > self.log_interval:
             self._last_log = time.monotonic()
             s = self.stats()
@@ -201,10 +212,15 @@ class Trimmer:
             err = float((logits[b, ids] - full[b, ids]).abs().max()) if ids.numel() else 0.0
             self.max_abs_err = max(self.max_abs_err, err)
             self.violations += int(not ok or err > 1e-3)
+            if self._first_call and b < len(self.keys):
+                row = logits[b, ids]
+                self.first[self.keys[b]] = [int(ids[row.argmax()]), float(row.max()),
+                                            float(torch.logsumexp(row, 0))]
             self.seen.setdefault(rid, set()).update(active.tolist())
             if self.state is not None and b < len(self.own):
                 self._isolation(b, set(active.tolist()))
         self.checked += 1
+        self._first_call = False
 
     def _isolation(self, b: int, ids: set) -> None:
         """Test mode: row ``b``'s ids are its request's own tokens and the shared core only (no id
@@ -230,7 +246,7 @@ class Trimmer:
                 "isolation_checked": self.isolation_checked, **memory(self),
                 "proposals": _proposals[0], "propose_s": _proposals[1], "rows_s": self.rows_s,
                 "head_s": self.head_s,
-                "seen": {k: sorted(v) for k, v in self.seen.items()}}
+                "seen": {k: sorted(v) for k, v in self.seen.items()}, "first": self.first}
 
 
 def _trimmer_of(runner):
@@ -254,6 +270,7 @@ def install() -> None:
     update_states = GPUModelRunner._update_states
     propose = GPUModelRunner.propose_draft_token_ids
     execute = GPUModelRunner.execute_model
+    init_kv = GPUModelRunner.initialize_kv_cache_tensors
 
     def trim_load_model(self, target_model, *args, **kwargs):
         out = load_model(self, target_model, *args, **kwargs)
@@ -264,18 +281,19 @@ def install() -> None:
         budget = front.resolve_budget(drafter_dir)
         if budget is not None:
             self._trimpass_budget = Budget(self, budget)
+            self._trimpass_self = vllm_kv.same_model(self.model, target_model)
             if settings is not None:
                 self._trimpass.want_top = True
         return out
 
     def trim_propose(self, *args, **kwargs):
         t0, t, b = time.perf_counter(), _trimmer_of(self), _budget_of(self)
+        sampled = args[1] if len(args) > 1 else kwargs.get("sampled_token_ids")
         if t is not None:
-            t.begin(self)
+            t.begin(self, sampled)
         if b is not None:
             req_ids = list(self.input_batch.req_ids[:self.input_batch.num_reqs])
-            b.observe_acceptance(req_ids, args[1] if len(args) > 1
-                                 else kwargs.get("sampled_token_ids"))
+            b.observe_acceptance(req_ids, sampled)
         try:
             out = propose(self, *args, **kwargs)
             return out if b is None else b.cut(out, req_ids)
@@ -290,6 +308,19 @@ def install() -> None:
         t = _trimmer_of(self)
         if t is not None:
             t.settle(self, scheduler_output)
+        return out
+
+    def shared_kv(self, *args, **kwargs):
+        out = init_kv(self, *args, **kwargs)
+        b = _budget_of(self)
+        if b is not None and getattr(self.drafter, "_trimpass_self", False):
+            names = self.drafter._draft_attn_layer_names
+            ctx = self.compilation_config.static_forward_context
+            vllm_kv.share_cache(names, ctx)
+            b.shares_cache = True
+            b.counts["cache_unused_bytes"] = vllm_kv.unused_bytes(names, ctx)
+            _log().info("trimpass: the drafter is the target; its %d attention layers use the "
+                        "target's KV cache", len(names))
         return out
 
     def timed_execute(self, scheduler_output, *args, **kwargs):
@@ -322,6 +353,7 @@ def install() -> None:
     SpecDecodeBaseProposer.load_model = trim_load_model
     GPUModelRunner.propose_draft_token_ids = trim_propose
     GPUModelRunner.execute_model = timed_execute
+    GPUModelRunner.initialize_kv_cache_tensors = shared_kv
     GPUModelRunner._update_states = settled_update
     WorkerBase.trimpass_stats = trimpass_stats
     WorkerBase.trimpass_budget = trimpass_budget
