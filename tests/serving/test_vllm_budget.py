@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trimpass.budget import CostTable
-from trimpass.serving.vllm_budget import Budget
+from trimpass.serving.vllm_budget import PROBE_EVERY, Budget
 
 GAMMA, B, V = 4, 3, 11
 
@@ -33,7 +33,8 @@ class Proposer:
             return probs.argmin(dim=-1), probs  # "sampled": a token the argmax would not pick
         return h.argmax(dim=-1), None
 
-    def propose(self, num_speculative_tokens, sampling_metadata, next_token_ids=None):
+    def propose(self, num_speculative_tokens, sampling_metadata, next_token_ids=None,
+                target_token_ids=None):
         self.asked = num_speculative_tokens
         if num_speculative_tokens == 0:  # vLLM's K = 0 path: the first forward only
             self.forwards += 1
@@ -148,6 +149,9 @@ def test_dcut_stops_drafting_where_a_step_costs_more_than_it_can_win():
 
 
 NEXT = torch.zeros(B, dtype=torch.int64)  # the runner's next tokens: the batch size, for a skip
+DECODE = torch.zeros(2 * B, dtype=torch.int64)  # the target's tokens this step: no prefill
+STEP = dict(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY, next_token_ids=NEXT,
+            target_token_ids=DECODE)
 
 
 @pytest.mark.parametrize("shares_cache", [True, False])
@@ -156,21 +160,33 @@ def test_a_step_where_no_draft_can_pay_skips_the_drafter(shares_cache):
     b = _budget(p, policy="dcut", table=_table(10.0))  # every verified token costs 10 s
     b.shares_cache = shares_cache
     ids = ["a", "b", "c"]
-    first = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
-                            next_token_ids=NEXT), ids)
+    first = b.cut(p.propose(**STEP), ids)
     assert p.forwards >= 1 and sum(map(len, first)) == 0  # drafted once: timed, cut to nothing
     p.forwards = 0
-    lists = b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
-                            next_token_ids=NEXT), ids)
+    lists = b.cut(p.propose(**STEP), ids)
     assert lists == [[], [], []] and p._last_draft_probs is None
     if shares_cache:  # the target's pass wrote the cache: no drafter forward at all
         assert p.forwards == 0 and b.counts["skipped"] == 1
     else:  # vLLM's own K = 0 path keeps the drafter's cache in step
         assert p.forwards == 1 and p.asked == 0 and b.counts["skipped_first_forward_ran"] == 1
     p.forwards = 0  # a batch of 5 falls in another bucket, not timed yet: it drafts, and is timed
-    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
-                    next_token_ids=torch.zeros(5, dtype=torch.int64)), ids)
+    b.cut(p.propose(**{**STEP, "next_token_ids": torch.zeros(5, dtype=torch.int64)}), ids)
     assert p.forwards >= 1 and p.asked == GAMMA and b.counts["proposals"] == 2
+
+
+def test_a_prefill_is_not_timed_and_skipping_probes_now_and_then():
+    p = Proposer(_steps(9))
+    b = _budget(p, policy="dcut", table=_table(10.0))
+    b.shares_cache = True
+    prefill = {**STEP, "target_token_ids": torch.zeros(B * 50, dtype=torch.int64)}
+    b.cut(p.propose(**prefill), ["a", "b", "c"])
+    assert b.first_s == {} and b.counts["proposals"] == 1  # prompt tokens: not a drafting time
+    b.cut(p.propose(**STEP), ["a", "b", "c"])  # still untimed: drafts, and is timed now
+    assert list(b.first_s) == [4] and b.counts["proposals"] == 2
+    for _ in range(2 * PROBE_EVERY):
+        b.cut(p.propose(**STEP), ["a", "b", "c"])
+    assert b.counts["probes"] == 2 and b.counts["proposals"] == 4
+    assert b.counts["skipped"] == 2 * PROBE_EVERY - 2
 
 
 def test_free_verification_never_skips_and_paused_speculation_always_does():
@@ -178,13 +194,11 @@ def test_free_verification_never_skips_and_paused_speculation_always_does():
     b = _budget(p, policy="dcut", table=_table(0.0))
     b.shares_cache = True
     for _ in range(3):
-        b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
-                        next_token_ids=NEXT), ["a", "b", "c"])
+        b.cut(p.propose(**STEP), ["a", "b", "c"])
     assert b.counts["skipped"] == 0 and b.counts["proposals"] == 3
     b.set({"policy": "none"})
     p.forwards = 0
-    assert b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY,
-                           next_token_ids=NEXT), ["a", "b", "c"]) == [[], [], []]
+    assert b.cut(p.propose(**STEP), ["a", "b", "c"]) == [[], [], []]
     assert p.forwards == 0 and b.counts["skipped"] == 1
 
 
@@ -193,11 +207,9 @@ def test_drafts_sent_after_a_skip_are_counted_as_resumed():
     b = _budget(p, policy="fixed", gamma=2, table=_table(0.0))
     b.shares_cache = True
     b.set({"policy": "none"})
-    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY, next_token_ids=NEXT),
-          ["a", "b", "c"])
+    b.cut(p.propose(**STEP), ["a", "b", "c"])
     b.set({"policy": "fixed", "gamma": 2})
-    b.cut(p.propose(num_speculative_tokens=GAMMA, sampling_metadata=GREEDY, next_token_ids=NEXT),
-          ["a", "b", "z"])  # z joined after the skip: its drafts are not a resume
+    b.cut(p.propose(**STEP), ["a", "b", "z"])  # z joined after the skip: not a resume
     sampled = torch.full((B, GAMMA + 1), -1)
     sampled[:, :2] = 5  # every request: 1 draft accepted
     b.observe_acceptance(["a", "b", "z"], sampled)

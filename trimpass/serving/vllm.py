@@ -166,7 +166,7 @@ def stats(llm) -> dict:
     ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
     ``check`` setting also ``checked``, ``violations`` and the isolation check's ``foreign``,
     ``missing`` and ``isolation_checked``, and ``first``: each proposal's first drafted row, by the
-request's first tokens and length (:class:`trimpass.serving.vllm_hooks.Trimmer`);
+    request's first tokens and length (:class:`trimpass.serving.vllm_hooks.Trimmer`);
     ``runs``: what this route runs where it differs from :class:`trimpass.TrimConfig`'s defaults
     (no escape path, no refresh). All zero when nothing trims."""
     every = [s for s in llm.collective_rpc("trimpass_stats") if s]

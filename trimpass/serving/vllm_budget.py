@@ -37,6 +37,8 @@ from trimpass.budget import CostTable
 from trimpass.budget.calibration import Calibration
 from trimpass.budget.policies import make
 
+PROBE_EVERY = 16  # while a batch bucket skips its proposals, one in this many drafts anyway
+
 
 class _StopDrafting(Exception):
     """Raised inside a proposal's drafting loop to end it before the next drafter forward."""
@@ -74,6 +76,8 @@ class Budget:
         self.shares_cache = False  # the drafter's attention reads and writes the target's cache
         self._skipped: set = set()  # requests whose last proposal was skipped
         self._resumed: set = set()  # requests whose drafts in verification follow a skip
+        self._skips_in_row: dict = {}  # batch bucket -> proposals skipped in a row
+        self._timed = False  # whether this proposal's first forward is a drafting step's time
         self._sample, self._propose = proposer._sample_draft_tokens, proposer.propose
         proposer._sample_draft_tokens, proposer.propose = self.sample, self.propose
         self.counts = collections.Counter()
@@ -156,6 +160,10 @@ class Budget:
         self._stopped = None
         self._gamma_run = kwargs.get("num_speculative_tokens", args[0] if args else None)
         B = _batch_size(kwargs)
+        tokens = kwargs.get("target_token_ids")
+        # a first forward over prompt tokens (a prefill in the batch) is not a drafting step's time
+        self._timed = B is None or tokens is None or \
+            int(tokens.shape[0]) <= B * (1 + self.gamma_max)
         if B is not None and self._gamma_run and self._skip(B):
             self.proposer._last_draft_probs = None
             if self.shares_cache:  # the target's pass already wrote every layer's cache
@@ -176,10 +184,20 @@ class Budget:
             return torch.stack(self._ids, dim=1)
 
     def _skip(self, B: int) -> bool:
+        """The policy's decision, except that every PROBE_EVERY-th skip in a row at a batch bucket
+        drafts anyway: its times and the calibration stay current as the load changes."""
         k = _bucket(B)
         accept_max = float(self.calibration.scores(torch.ones(1, dtype=torch.float64))[0])
-        return self.policy.skip(B, self.gamma_max, self.table, self.first_s.get(k),
+        skip = self.policy.skip(B, self.gamma_max, self.table, self.first_s.get(k),
                                 self.step_s.get(k), accept_max)
+        if skip and self.policy.name != "none":
+            self._skips_in_row[k] = self._skips_in_row.get(k, 0) + 1
+            if self._skips_in_row[k] % PROBE_EVERY == 0:
+                self.counts["probes"] += 1
+                return False
+        elif not skip:
+            self._skips_in_row[k] = 0
+        return skip
 
     def sample(self, hidden_states, sampling_metadata):
         p = self.proposer
@@ -208,11 +226,10 @@ class Budget:
         return ids, probs
 
     def _stop_after(self, d: int) -> bool:
-        conf = None
+        conf, k = None, _bucket(self._conf[-1].shape[0])
         if self.policy.reads_confidence and self.table is not None and \
-                self.step_s.get(_bucket(self._conf[-1].shape[0])) is not None:
+                self.step_s.get(k) is not None and self.first_s.get(k) is not None:
             conf = self.calibration.confidences(torch.stack(self._conf, dim=1).cpu())
-        k = _bucket(self._conf[-1].shape[0])
         stop, active = self.policy.stop(conf, d, int(self._gamma_run), self.table,
                                         self.step_s.get(k), self.first_s.get(k),
                                         self._t[-1] - self._t[0])
@@ -250,7 +267,8 @@ class Budget:
             self.depth[0] += 1
             self.kept[0] += 1
             return [[] for _ in range(B)]
-        self.first_s[k] = _ema(self.first_s.get(k), t[1] - t[0])
+        if self._timed:
+            self.first_s[k] = _ema(self.first_s.get(k), t[1] - t[0])
         if d > 1:
             self.step_s[k] = _ema(self.step_s.get(k), (t[-1] - t[1]) / (d - 1))
         raw = torch.stack(self._conf, dim=1).cpu().double() if d else torch.zeros(B, 0)
@@ -282,7 +300,8 @@ class Budget:
 
     def stats(self) -> dict:
         return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
-                "shares_cache": self.shares_cache,
+                "shares_cache": self.shares_cache, "first_s": dict(self.first_s),
+                "step_s": dict(self.step_s),
                 **dict(self.counts), "kept": dict(self.kept), "depth": dict(self.depth),
                 "table": None if self.table is None else self.table.to_dict()}
 
