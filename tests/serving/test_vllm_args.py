@@ -108,7 +108,7 @@ def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkey
 
 @pytest.mark.parametrize("gamma,budget,match", [
     (0, "dcut", r"num_speculative_tokens: D-Cut needs a draft length >= 1"),
-    (4, "greedy", r"budget policy: 'greedy' is not one of dcut, all-or-nothing, fixed, off"),
+    (4, "greedy", r"budget policy: 'greedy' is not one of dcut, all-or-nothing, fixed, none, off"),
     (4, {"policy": "fixed"}, r"budget gamma: the fixed policy needs an integer 1..4"),
     (4, {"policy": "fixed", "gamma": 5}, r"budget gamma: .*1..4.*got 5"),
     (4, {"policy": "dcut", "gamma": 2}, r"budget gamma: only the fixed policy"),
