@@ -271,8 +271,8 @@ class Budget:
             self.first_s[k] = _ema(self.first_s.get(k), t[1] - t[0])
         if d > 1:
             self.step_s[k] = _ema(self.step_s.get(k), (t[-1] - t[1]) / (d - 1))
-        raw = torch.stack(self._conf, dim=1).cpu().double() if d else torch.zeros(B, 0)
-        if not self.policy.reads_confidence or self.table is None or B == 0 or d == 0:
+        raw = torch.stack(self._conf, dim=1).cpu().double()
+        if not self.policy.reads_confidence or self.table is None or B == 0:
             n = torch.full((B,), d, dtype=torch.long)
         else:
             n = self.policy.keep(self.calibration.confidences(raw), self.table, t[-1] - t[0])
