@@ -10,10 +10,11 @@ Two steps, two venvs (vLLM's venv has no GGUF reader):
 drafter (``gemma3_270m_drafter(weights=...)``: the shipped weights by default, ``none`` for the
 untrained truncation) as safetensors checkpoints with ``trimpass.models.save_hf``, plus held-out
 ShareGPT prompts in Gemma's turn format, under ``--dir``. The run starts one engine per
-configuration (each in its own process, one at a time), generates greedily (fp32, eager) with
-1, 4 and 16 concurrent requests and prints tokens/s, draft ms per proposal (the drafter's whole
-proposal of K tokens) and MAT (mean tokens per target step: 1 + accepted / proposals). Every
-configuration runs with ``disable_hybrid_kv_cache_manager=True`` (``engine_args`` sets it for
+configuration (each in its own process, one at a time), generates greedily (fp32 unless
+``--dtype``, eager) with 1, 4 and 16 concurrent requests (``--concurrency``) and prints tokens/s,
+draft ms per proposal (the drafter's whole proposal of K tokens) and MAT (mean tokens per target
+step: 1 + accepted / proposals), and a self-dcut run the budget's own timings per batch bucket.
+Every configuration runs with ``disable_hybrid_kv_cache_manager=True`` (``engine_args`` sets it for
 Gemma 3): vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group, and
 Gemma 3's hybrid sliding/full layout otherwise splits them ("All drafting layers should belong to
 the same kv cache group").
@@ -28,11 +29,13 @@ import sys
 import time
 
 # eagle*: an EAGLE checkpoint (--eagle, e.g. bench/eagle_drafter.py's) on vLLM's eagle route
-# self: the target drafting for itself, trimmed; self-dcut: the same with D-Cut's budget (a step
-# where no draft can pay runs no drafter forward: the drafter uses the target's KV cache)
+# self: the target drafting for itself, trimmed (on the target's KV cache: its first forward over
+# each request's next token alone); self-dcut: the same with D-Cut's budget (a step where no draft
+# can pay runs no drafter forward); self-untrimmed: vLLM's own draft-model route, the target as
+# its drafter
 # ngram: vLLM's prompt-lookup drafter (no model), the peer with no drafter to train
 CONFIGS = ("none", "untrimmed", "trimmed", "eagle-untrimmed", "eagle", "self", "self-dcut",
-           "ngram")
+           "self-untrimmed", "ngram")
 
 
 def prepare(a) -> None:
@@ -53,12 +56,15 @@ def serve(a) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from trimpass.budget import CostTable
     from trimpass.serving import vllm as tv
     target, drafter = os.path.join(a.dir, "target"), os.path.join(a.dir, "drafter")
     if a.config == "none":  # the same KV-cache layout as the speculative runs
         args = {"model": target, "disable_hybrid_kv_cache_manager": True}
     elif a.config == "self":
         args = tv.engine_args(target, None, a.k)
+    elif a.config == "self-untrimmed":
+        args = tv.engine_args(target, None, a.k, trim=False)
     elif a.config == "self-dcut":
         args = tv.engine_args(target, None, a.k, budget={"policy": "dcut", "measure_s": 10})
     elif a.config == "ngram":
@@ -69,7 +75,7 @@ def serve(a) -> None:
         args = tv.engine_args(target, a.eagle, a.k, trim=a.config == "eagle", method="eagle")
     else:
         args = tv.engine_args(target, drafter, a.k, trim=a.config == "trimmed")
-    llm = LLM(**args, skip_tokenizer_init=True, dtype="float32", max_model_len=512,
+    llm = LLM(**args, skip_tokenizer_init=True, dtype=a.dtype, max_model_len=512,
               gpu_memory_utilization=a.memory, enforce_eager=True,
               max_num_seqs=max(_concurrency(a)), disable_log_stats=False)
     with open(os.path.join(a.dir, "prompts.json")) as f:
@@ -78,7 +84,7 @@ def serve(a) -> None:
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, detokenize=False),
                  use_tqdm=False)  # warm-up
     rows = []
-    for c in _concurrency(a):
+    for c in [c for c in _concurrency(a) for _ in range(a.repeat)]:
         before = _counters(llm)
         t = time.perf_counter()
         outs = llm.generate(prompts[:c], sp, use_tqdm=False)
@@ -87,11 +93,19 @@ def serve(a) -> None:
         n = sum(len(o.outputs[0].token_ids) for o in outs)
         d = {k: after[k] - before[k] for k in after}
         rows.append({"config": a.config, "concurrency": c, "tokens_s": n / dt,
+                     "run": 1 + sum(r["concurrency"] == c for r in rows),
                      "draft_ms": 1e3 * d["propose_s"] / max(d["proposals"], 1),
                      "mat": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
                      "mean_active": after.get("mean_active"),
                      "skipped": d.get("skipped", 0)})
     print("RESULT " + json.dumps(rows), flush=True)
+    b = tv.stats(llm).get("budget")
+    if b:  # the budget's own timings, per batch bucket, in ms
+        ms = {k: {str(n): round(1e3 * v, 1) for n, v in b[k].items()}
+              for k in ("first_s", "step_s", "overhead_s", "overhead_plain_s")}
+        c = CostTable.from_dict(b["table"])
+        ms["C(B,B)"] = {str(n): round(1e3 * c(n, n), 1) for n in c.batches}
+        print("BUDGET " + json.dumps(ms), flush=True)
 
 
 def _concurrency(a) -> list[int]:
@@ -110,7 +124,8 @@ def _counters(llm) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dir", default="out/vllm_bench")
     p.add_argument("--prepare", action="store_true", help="write the checkpoints (main venv)")
     p.add_argument("--drafter-weights", default="shipped",
@@ -123,6 +138,11 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,4,16", help="concurrent requests, in turn")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each concurrency in a row (the table shows the last: a budget's "
+                        "costs measured in the earlier ones, as on a server that has run a while)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="the engine's dtype")
     p.add_argument("--memory", type=float, default=0.3,
                    help="gpu_memory_utilization: on CPU the share of RAM vLLM reserves (0.2 "
                         "leaves no KV cache once target and drafter weights are in)")
@@ -136,19 +156,23 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for c in a.configs.split(","):
         cmd = [sys.executable, __file__, "--config", c, "--dir", a.dir, "--tokens",
-               str(a.tokens), "-k", str(a.k), "--memory", str(a.memory), "--eagle", a.eagle,
-               "--concurrency", a.concurrency]
+               str(a.tokens), "-k", str(a.k), "--dtype", a.dtype, "--memory", str(a.memory),
+               "--eagle", a.eagle, "--concurrency", a.concurrency, "--repeat", str(a.repeat)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
         if r.returncode or not lines:
             sys.exit(f"{c}: failed\n{r.stderr[-4000:]}")
+        for line in r.stdout.splitlines():
+            if line.startswith("BUDGET "):
+                print(f"<!-- {c} budget, ms by batch bucket: {line[7:]} -->", file=sys.stderr)
         for row in json.loads(lines[-1][7:]):
             mat = "-" if row["mat"] is None else f"{row['mat']:.2f}"
             ms = "-" if c == "none" else f"{row['draft_ms']:.1f}"
             act = f"{row['mean_active']:.0f}" if c in ("trimmed", "eagle", "self",
                                                        "self-dcut") else "-"
-            print(f"| {c} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | {act} "
-                  f"| {row.get('skipped', 0)} |", flush=True)
+            run = f" (run {row['run']})" if a.repeat > 1 else ""
+            print(f"| {c}{run} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | "
+                  f"{act} | {row.get('skipped', 0)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,16 @@ import pytest
 import torch
 
 from trimpass import measure as tm
-from trimpass.budget import CostTable, cached_table, dcut, isotonic_grid, measure, pav
+from trimpass.budget import (
+    CostTable,
+    cached_table,
+    dcut,
+    drafting_pays,
+    isotonic_grid,
+    measure,
+    pav,
+)
+from trimpass.budget.costmodel import StepCost
 
 
 def minmax_1d(y, w):
@@ -194,3 +203,27 @@ def test_measure_stays_within_budget_and_feeds_dcut():
     assert table(2, 6) == pytest.approx(0.03, rel=0.5)
     n = dcut(torch.full((2, 4), 0.9), table, draft_time=1e-3)
     assert n.shape == (2,) and 0 <= int(n.sum()) <= 8
+
+
+def test_a_step_cost_adds_the_overhead_and_changes_what_pays():
+    table = CostTable([1, 4], [0, 16], [[0.05, 0.21], [0.05, 0.21]])  # 0.05 s + 0.01 s a token
+    step = StepCost(table, lambda batch: 0.3, lambda batch: 0.3)
+    tokens = torch.tensor([1, 3, 9])
+    assert torch.allclose(step(1, tokens), table(1, tokens) + 0.3)
+    cheap_plain = StepCost(table, lambda batch: 0.1, lambda batch: 0.3)
+    assert torch.allclose(cheap_plain(1, tokens), table(1, tokens) + torch.tensor([0.1, 0.3, 0.3],
+                                                                                  dtype=torch.float64))
+    assert StepCost(table, lambda b: 0.3, lambda b: 0.1)(1, 2) == pytest.approx(table(1, 2) + 0.3)
+    conf = torch.full((1, 4), 0.5)  # scores 0.5, 0.25, 0.125, 0.0625; 0.02 s of drafting
+    # by hand, rate(K) = (1 + sum of K scores) / (0.02 + 0.05 + 0.01 K [+ 0.3]):
+    # K = 0..4 without overhead 14.3, 18.8, 19.4, 18.8, 17.6; with it 3.57, 5.36, 4.49 (K = 2),
+    # 4.69, 4.73 (K = 4 wins)
+    assert int(dcut(conf, table, draft_time=0.02).sum()) == 2
+    assert int(dcut(conf, step, draft_time=0.02).sum()) == 4
+    # a step verifying nothing pays 0.1 s: 1 / 0.17 beats every drafted K (K = 4: 1.94 / 0.41)
+    assert int(dcut(conf, cheap_plain, draft_time=0.02).sum()) == 0
+    # drafting 4 tokens at 0.9 (0.2 s, then 0.1 s a step) never beats 1 / 0.05 tokens/s, but
+    # beats 1 / 1.05 once every step also pays 1 s: 4.1 tokens / 1.59 s
+    kw = dict(first_time=0.2, step_time=0.1, gamma_max=4, accept_max=0.9)
+    assert not drafting_pays(1, table, **kw)
+    assert drafting_pays(1, StepCost(table, lambda batch: 1.0, lambda batch: 1.0), **kw)

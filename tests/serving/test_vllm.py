@@ -45,6 +45,10 @@ def test_trimmed_op_ran_on_every_draft_step_and_is_exact(runs):
     assert s["max_abs_err"] < 1e-3
     assert len(KEEP) <= s["mean_active"] < 1024
     assert "stats" in runs["plain"] and runs["plain"]["stats"]["workers"] == 0
+    # the target drafting for itself on its own cache: every drafting step's first forward ran
+    # over each request's next token alone (6 prompts solo, then together)
+    assert s["shared_cache"]["first_pass_rows"] >= s["steps"]
+    assert "shared_cache" not in runs["plain"]["stats"]
 
 
 def test_tensor_parallel_2_is_lossless_and_each_shard_trims_its_own_ids(runs, tmp_path):
@@ -57,6 +61,7 @@ def test_tensor_parallel_2_is_lossless_and_each_shard_trims_its_own_ids(runs, tm
     assert s["calls"] == 3 * s["steps"] and s["fallbacks"] == 0
     assert s["checked"] == s["calls"] and s["violations"] == 0 and s["max_abs_err"] < 1e-3
     assert s["mean_union"] < 0.75 * one["mean_union"]  # a shard holds about half the ids
+    assert s["shared_cache"]["first_pass_rows"] >= s["steps"]  # steps and rows: both workers
 
 
 def test_rows_are_isolated_between_requests(runs):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trimpass.budget import CostTable
-from trimpass.serving.vllm_budget import PROBE_EVERY, Budget
+from trimpass.serving.vllm_budget import PROBE_EVERY, TIMED_MIN, WINDOW, Budget
 
 GAMMA, B, V = 4, 3, 11
 
@@ -160,8 +160,9 @@ def test_a_step_where_no_draft_can_pay_skips_the_drafter(shares_cache):
     b = _budget(p, policy="dcut", table=_table(10.0))  # every verified token costs 10 s
     b.shares_cache = shares_cache
     ids = ["a", "b", "c"]
-    first = b.cut(p.propose(**STEP), ids)
-    assert p.forwards >= 1 and sum(map(len, first)) == 0  # drafted once: timed, cut to nothing
+    for _ in range(TIMED_MIN):  # drafted until timed (the first may run cold), cut to nothing
+        first = b.cut(p.propose(**STEP), ids)
+        assert p.forwards >= 1 and sum(map(len, first)) == 0
     p.forwards = 0
     lists = b.cut(p.propose(**STEP), ids)
     assert lists == [[], [], []] and p._last_draft_probs is None
@@ -171,7 +172,7 @@ def test_a_step_where_no_draft_can_pay_skips_the_drafter(shares_cache):
         assert p.forwards == 1 and p.asked == 0 and b.counts["skipped_first_forward_ran"] == 1
     p.forwards = 0  # a batch of 5 falls in another bucket, not timed yet: it drafts, and is timed
     b.cut(p.propose(**{**STEP, "next_token_ids": torch.zeros(5, dtype=torch.int64)}), ids)
-    assert p.forwards >= 1 and p.asked == GAMMA and b.counts["proposals"] == 2
+    assert p.forwards >= 1 and p.asked == GAMMA and b.counts["proposals"] == TIMED_MIN + 1
 
 
 def test_a_prefill_is_not_timed_and_skipping_probes_now_and_then():
@@ -181,11 +182,12 @@ def test_a_prefill_is_not_timed_and_skipping_probes_now_and_then():
     prefill = {**STEP, "target_token_ids": torch.zeros(B * 50, dtype=torch.int64)}
     b.cut(p.propose(**prefill), ["a", "b", "c"])
     assert b.first_s == {} and b.counts["proposals"] == 1  # prompt tokens: not a drafting time
-    b.cut(p.propose(**STEP), ["a", "b", "c"])  # still untimed: drafts, and is timed now
-    assert list(b.first_s) == [4] and b.counts["proposals"] == 2
+    for _ in range(TIMED_MIN):  # still untimed: drafts, and is timed now
+        b.cut(p.propose(**STEP), ["a", "b", "c"])
+    assert list(b.first_s) == [4] and b.counts["proposals"] == 1 + TIMED_MIN
     for _ in range(2 * PROBE_EVERY):
         b.cut(p.propose(**STEP), ["a", "b", "c"])
-    assert b.counts["probes"] == 2 and b.counts["proposals"] == 4
+    assert b.counts["probes"] == 2 and b.counts["proposals"] == 3 + TIMED_MIN
     assert b.counts["skipped"] == 2 * PROBE_EVERY - 2
 
 
@@ -215,3 +217,45 @@ def test_drafts_sent_after_a_skip_are_counted_as_resumed():
     b.observe_acceptance(["a", "b", "z"], sampled)
     assert b.counts["resumed_sent"] == 4 and b.counts["resumed_accepted"] == 2
     assert b.counts["accepted"] == 3
+
+
+def test_the_overhead_is_the_median_gap_between_forwards_less_drafting_by_kind():
+    b = _budget(Proposer(_steps(10)), policy="dcut", table=_table(0.0))
+    assert b.cost(3, 3) == pytest.approx(1.0)  # nothing measured yet: the forward alone
+    clock = 0.0
+    for i in range(WINDOW):
+        b.forward_ended(clock, 3, drafted=True)
+        b._drafting_s = 0.5  # what the drafter's propose() took in that gap
+        clock += 0.5 + (0.2 if i % 2 else 0.4) + (100.0 if i == 3 else 0.0)  # one idle gap
+        b.forward_began(clock)
+    assert b.overhead_s == {4: pytest.approx(0.4)}  # 7 of 0.2, 7 of 0.4 and one idle: 0.4
+    assert b.stats()["overhead_s"] == b.overhead_s and b.overhead_plain_s == {}
+    # no step without drafts measured yet: both kinds priced at the drafted steps' overhead
+    assert b.cost(3, 3) == pytest.approx(1.4) and b.cost(3, 5) == pytest.approx(1.4)
+    assert b.cost(60, 60) == pytest.approx(1.4)  # the nearest bucket measured
+    b.forward_ended(clock, 3, drafted=False)
+    b.forward_began(clock + 0.1)
+    assert b.overhead_plain_s == {4: pytest.approx(0.1)}
+    # a step verifying no draft pays 0.1 s; one verifying drafts 0.4 s
+    assert b.cost(3, 3) == pytest.approx(1.1) and b.cost(3, 4) == pytest.approx(1.4)
+    assert torch.allclose(b.cost(3, torch.tensor([3, 4, 9])),
+                          torch.tensor([1.1, 1.4, 1.4], dtype=torch.float64))
+    b.forward_began(clock + 5.0)  # no forward ended since: nothing measured
+    assert b.overhead_plain_s == {4: pytest.approx(0.1)}
+
+
+def test_a_step_that_skips_on_the_forward_alone_drafts_once_the_overhead_is_counted():
+    p = Proposer(_steps(11))
+    b = _budget(p, policy="dcut", table=_table(10.0))  # a verified token costs 10 s...
+    b.shares_cache = True
+    ids = ["a", "b", "c"]
+    for _ in range(TIMED_MIN + 1):
+        b.cut(p.propose(**STEP), ids)
+    assert b.counts["skipped"] == 1
+    for drafted in (True, False):  # ...but every step spends 1e6 s outside its forward
+        b.forward_ended(0.0, B, drafted)
+        b.forward_began(1e6)
+    p.forwards = 0
+    kept = b.cut(p.propose(**STEP), ids)
+    assert p.asked == GAMMA and p.forwards >= 1 and b.counts["skipped"] == 1
+    assert sum(map(len, kept)) > 0

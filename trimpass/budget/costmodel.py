@@ -7,7 +7,8 @@ dynamic program over staircases), and interpolates the fit bilinearly; it is mon
 construction, never clamped. :func:`measure` times a user's verify (or drafting-step) function on
 the grid within a time budget with :mod:`trimpass.measure`'s timer; :func:`cached_table` keeps the
 timings on disk per device name, torch version and model key (``trimpass.measure.cached``);
-:meth:`CostTable.update` refines the table online from the step times an engine observes.
+:meth:`CostTable.update` refines the table online from the step times an engine observes;
+:class:`StepCost` adds the per-step seconds an engine spends outside its forward.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 from trimpass import measure as _m
 from trimpass.isotonic import isotonic_grid, pav
 
-__all__ = ["CostTable", "pav", "isotonic_grid", "measure", "cached_table"]
+__all__ = ["CostTable", "StepCost", "pav", "isotonic_grid", "measure", "cached_table"]
 
 
 def _axis(name: str, values) -> list[int]:
@@ -171,6 +172,25 @@ class CostTable:
     def from_dict(cls, d: dict) -> CostTable:
         return cls(d["batches"], d["drafts"], d["seconds"], d.get("weights"),
                    alpha=d.get("alpha", 0.2))
+
+
+class StepCost:
+    """An engine step's cost as D-Cut prices it: the verification ``cost(batch, tokens)`` plus
+    the seconds the engine's step spends outside its forward (sampling, scheduling, output
+    handling), ``plain(batch)`` for a step that verifies no drafted token and ``drafted(batch)``
+    for one that does (at least ``plain``: the cost stays non-decreasing in tokens), so that
+    drafting nothing is priced at what such a step really costs."""
+
+    def __init__(self, cost: Callable, plain: Callable[[int], float],
+                 drafted: Callable[[int], float]):
+        self.cost, self.plain, self.drafted = cost, plain, drafted
+
+    def __call__(self, batch, tokens):
+        plain = float(self.plain(batch))
+        extra = max(float(self.drafted(batch)), plain) - plain
+        if isinstance(tokens, torch.Tensor):
+            return self.cost(batch, tokens) + plain + extra * (tokens > batch).to(torch.float64)
+        return self.cost(batch, tokens) + plain + (extra if tokens > batch else 0.0)
 
 
 def _median_s(call: Callable[[], object], share_s: float, device) -> float:

@@ -101,9 +101,10 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     ``"off"``, or a dict that also sets ``buckets`` (allowed totals of verified drafted tokens)
     and ``measure_s`` (seconds for the start-up cost measurement, <= 30);
     ``num_speculative_tokens`` is then the longest draft (gamma_max). :func:`set_budget` changes
-    the policy of a running engine. With a budget, the target drafting for itself uses the
-    target's own KV cache (:mod:`trimpass.serving.vllm_kv`), so a step that drafts nothing runs
-    no drafter forward; another drafter runs its first forward there, as vLLM does."""
+    the policy of a running engine. The target drafting for itself uses the target's own KV
+    cache (:mod:`trimpass.serving.vllm_kv`): its first forward runs over each request's next
+    token alone, and a step that drafts nothing runs no drafter forward; another drafter runs its
+    first forward there, as vLLM does."""
     budget = _budget_settings(budget)
     if budget is not None:
         budget = check_budget(budget, num_speculative_tokens)
@@ -168,7 +169,10 @@ def stats(llm) -> dict:
     ``missing`` and ``isolation_checked``, and ``first``: each proposal's first drafted row, by the
     request's first tokens and length (:class:`trimpass.serving.vllm_hooks.Trimmer`);
     ``runs``: what this route runs where it differs from :class:`trimpass.TrimConfig`'s defaults
-    (no escape path, no refresh). All zero when nothing trims."""
+    (no escape path, no refresh); ``shared_cache``: where the target drafts for itself on its own
+    KV cache, ``first_pass_rows`` (rows its next-token first forwards ran) and
+    ``cache_unused_bytes`` (the drafter's own cache, allocated by vLLM, unused). All zero when
+    nothing trims."""
     every = [s for s in llm.collective_rpc("trimpass_stats") if s]
     got = [s for s in every if "calls" in s]
     out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
@@ -181,6 +185,9 @@ def stats(llm) -> dict:
     out["bytes_per_row"] = max((s.get("bytes_per_row", 0) for s in got), default=0)
     out["max_abs_err"] = max((s.get("max_abs_err", 0.0) for s in got), default=0.0)
     out["runs"] = dict(RUNS)  # the engine's own defaults, where they differ from TrimConfig's
+    shared = [s["shared_cache"] for s in every if "shared_cache" in s]
+    if shared:  # the target drafting for itself on its own cache, summed over the workers
+        out["shared_cache"] = {k: sum(s[k] for s in shared) for k in shared[0]}
     budgets = [s["budget"] for s in every if "budget" in s]
     if budgets:  # the driver worker's: its drafts are the ones the scheduler takes
         out["budget"] = budgets[0]

@@ -13,9 +13,14 @@ any length. Confidences are first calibrated by what the target accepted of earl
 measured at the engine's first step (the target alone through the runner's own dummy run, at a few
 token counts, within ``measure_s`` seconds; cached per device, model, dtype and grid; or a
 ``table`` the user measured) and refined from the time of every pure decode step the engine then
-runs. Before each proposal the policy may skip it (``dcut`` and ``all-or-nothing`` where no draft
-could pay at this batch size, ``none`` always): where the drafter shares the target's KV cache
-(:mod:`trimpass.serving.vllm_kv`: the target drafting for itself) no drafter forward runs at all;
+runs; to it the policies add the step's measured overhead, the seconds between one forward's end
+and the next one's start less the drafter's own (sampling, scheduling, output handling), apart for
+steps that verified drafts and steps that did not. Every timing is the median of the last
+``WINDOW`` at its batch bucket (a cold first call or an idle engine's gap is an outlier there),
+and a bucket drafts until it has timed ``TIMED_MIN`` proposals. Before each proposal the policy
+may skip it (``dcut`` and ``all-or-nothing`` where no draft could pay at this batch size,
+``none`` always): where the drafter shares the target's KV cache (:mod:`trimpass.serving.vllm_kv`:
+the target drafting for itself) no drafter forward runs at all;
 otherwise vLLM's own K = 0 path runs the drafter's first forward, which keeps its cache in step.
 Policies: ``dcut``; ``all-or-nothing`` (keep a step's whole draft or none of it, by the same cost
 model); ``fixed`` (draft ``gamma`` tokens, keep them all); ``none`` (speculation paused); ``off``
@@ -35,9 +40,12 @@ from trimpass import measure as _m
 from trimpass.base import softmax_max
 from trimpass.budget import CostTable
 from trimpass.budget.calibration import Calibration
+from trimpass.budget.costmodel import StepCost
 from trimpass.budget.policies import make
 
 PROBE_EVERY = 16  # while a batch bucket skips its proposals, one in this many drafts anyway
+WINDOW = 15  # the timings whose median is a bucket's
+TIMED_MIN = 3  # drafting proposals a bucket times before it may skip (its first may run cold)
 
 
 class _StopDrafting(Exception):
@@ -73,6 +81,11 @@ class Budget:
         self.table: CostTable | None = None
         self.first_s: dict = {}  # batch bucket -> seconds of the first forward + sampling
         self.step_s: dict = {}  # batch bucket -> seconds of each later drafting step
+        self.overhead_s: dict = {}  # batch bucket -> seconds outside forward and drafting, for a
+        self.overhead_plain_s: dict = {}  # step that verified drafts; for one that verified none
+        self._samples: dict = {}  # (name, bucket) -> the last WINDOW seconds
+        self._ended: tuple | None = None  # (when the last forward ended, its bucket, its kind)
+        self._drafting_s = 0.0  # the drafter's seconds since then
         self.shares_cache = False  # the drafter's attention reads and writes the target's cache
         self._skipped: set = set()  # requests whose last proposal was skipped
         self._resumed: set = set()  # requests whose drafts in verification follow a skip
@@ -154,8 +167,54 @@ class Budget:
         self.table.update(B, tokens, seconds, refit=self.counts["updates"] % 8 == 7)
         self.counts["updates"] += 1
 
+    @property
+    def cost(self) -> StepCost | None:
+        """A step's cost as the policies price it: C plus the measured per-step overhead."""
+        if self.table is None:
+            return None
+        return StepCost(self.table, lambda b: self._overhead(b, False),
+                        lambda b: self._overhead(b, True))
+
+    def _overhead(self, batch: int, drafted: bool) -> float:
+        """The overhead of a step of this kind at ``batch``'s bucket, or at the nearest bucket
+        measured (of the other kind where this one has none; 0 before any)."""
+        mine, other = (self.overhead_s, self.overhead_plain_s)[::1 if drafted else -1]
+        got = mine or other
+        if not got:
+            return 0.0
+        n = _bucket(batch).bit_length()
+        return got[min(got, key=lambda k: (abs(k.bit_length() - n), k))]
+
+    def _record(self, name: str, k: int, seconds: float) -> None:
+        """One more timing of ``name`` (an attribute: bucket -> median) at bucket ``k``."""
+        s = self._samples.setdefault((name, k), collections.deque(maxlen=WINDOW))
+        s.append(seconds)
+        getattr(self, name)[k] = float(np.median(s))
+
+    def forward_began(self, now: float) -> None:
+        """The target's forward starts at ``now``: the seconds since the last one ended, less the
+        drafter's, are the last step's overhead."""
+        if self._ended is not None:
+            end, k, drafted = self._ended
+            self._record("overhead_s" if drafted else "overhead_plain_s", k,
+                         max(now - end - self._drafting_s, 0.0))
+        self._ended, self._drafting_s = None, 0.0
+
+    def forward_ended(self, now: float, batch: int, drafted: bool) -> None:
+        """The target's forward of ``batch`` requests ended at ``now``; ``drafted``: whether it
+        verified drafted tokens."""
+        if batch > 0:
+            self._ended = (now, _bucket(batch), bool(drafted))
+
     # ---- during a proposal ---------------------------------------------------------------------
     def propose(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self._drafted(*args, **kwargs)
+        finally:
+            self._drafting_s += time.perf_counter() - t0
+
+    def _drafted(self, *args, **kwargs):
         self._conf, self._ids, self._probs, self._t = [], [], [], [time.perf_counter()]
         self._stopped = None
         self._gamma_run = kwargs.get("num_speculative_tokens", args[0] if args else None)
@@ -188,8 +247,10 @@ class Budget:
         drafts anyway: its times and the calibration stay current as the load changes."""
         k = _bucket(B)
         accept_max = float(self.calibration.scores(torch.ones(1, dtype=torch.float64))[0])
-        skip = self.policy.skip(B, self.gamma_max, self.table, self.first_s.get(k),
-                                self.step_s.get(k), accept_max)
+        timed = len(self._samples.get(("first_s", k), ())) >= TIMED_MIN
+        skip = self.policy.skip(B, self.gamma_max, self.cost,
+                                self.first_s.get(k) if timed else None, self.step_s.get(k),
+                                accept_max)
         if skip and self.policy.name != "none":
             self._skips_in_row[k] = self._skips_in_row.get(k, 0) + 1
             if self._skips_in_row[k] % PROBE_EVERY == 0:
@@ -230,7 +291,7 @@ class Budget:
         if self.policy.reads_confidence and self.table is not None and \
                 self.step_s.get(k) is not None and self.first_s.get(k) is not None:
             conf = self.calibration.confidences(torch.stack(self._conf, dim=1).cpu())
-        stop, active = self.policy.stop(conf, d, int(self._gamma_run), self.table,
+        stop, active = self.policy.stop(conf, d, int(self._gamma_run), self.cost,
                                         self.step_s.get(k), self.first_s.get(k),
                                         self._t[-1] - self._t[0])
         if active is not None:
@@ -268,14 +329,14 @@ class Budget:
             self.kept[0] += 1
             return [[] for _ in range(B)]
         if self._timed:
-            self.first_s[k] = _ema(self.first_s.get(k), t[1] - t[0])
+            self._record("first_s", k, t[1] - t[0])
         if d > 1:
-            self.step_s[k] = _ema(self.step_s.get(k), (t[-1] - t[1]) / (d - 1))
+            self._record("step_s", k, (t[-1] - t[1]) / (d - 1))
         raw = torch.stack(self._conf, dim=1).cpu().double()
         if not self.policy.reads_confidence or self.table is None or B == 0:
             n = torch.full((B,), d, dtype=torch.long)
         else:
-            n = self.policy.keep(self.calibration.confidences(raw), self.table, t[-1] - t[0])
+            n = self.policy.keep(self.calibration.confidences(raw), self.cost, t[-1] - t[0])
         rows, lengths = draft.cpu().tolist(), n.tolist()
         kept = [row[:k] for row, k in zip(rows, lengths, strict=True)]
         if req_ids is not None:
@@ -301,7 +362,8 @@ class Budget:
     def stats(self) -> dict:
         return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
                 "shares_cache": self.shares_cache, "first_s": dict(self.first_s),
-                "step_s": dict(self.step_s),
+                "step_s": dict(self.step_s), "overhead_s": dict(self.overhead_s),
+                "overhead_plain_s": dict(self.overhead_plain_s),
                 **dict(self.counts), "kept": dict(self.kept), "depth": dict(self.depth),
                 "table": None if self.table is None else self.table.to_dict()}
 
@@ -323,6 +385,3 @@ def _bucket(batch: int) -> int:
     """The power of two at or above ``batch``: drafting times are kept per bucket."""
     return 1 << max(int(batch) - 1, 0).bit_length()
 
-
-def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:
-    return new if old is None else old + alpha * (new - old)

@@ -17,11 +17,13 @@ method on vLLM's workers for :func:`trimpass.serving.vllm.stats`. The pool has o
 ``max_num_seqs``; a smaller ``max_rows`` is a start-up error. A drafter with budget settings also
 gets a :class:`trimpass.serving.vllm_budget.Budget` (D-Cut): the runner's ``execute_model`` is
 timed for its cost model (measured before the engine's first step), each proposal is cut into
-per-request lists, and ``trimpass_budget`` switches its policy; where that drafter is the target
-itself, ``GPUModelRunner.initialize_kv_cache_tensors`` then points its attention layers at the
-target's cache (:mod:`trimpass.serving.vllm_kv`), so a skipped proposal runs no drafter forward."""
+per-request lists, and ``trimpass_budget`` switches its policy. Where trimpass serves the target
+as its own drafter, ``GPUModelRunner.initialize_kv_cache_tensors`` then points the drafter's
+attention layers at the target's cache (:mod:`trimpass.serving.vllm_kv`): its first forward runs
+over each request's next token alone, and a skipped proposal runs no drafter forward."""
 from __future__ import annotations
 
+import collections
 import time
 
 import torch
@@ -281,9 +283,10 @@ def install() -> None:
         budget = front.resolve_budget(drafter_dir)
         if budget is not None:
             self._trimpass_budget = Budget(self, budget)
-            self._trimpass_self = vllm_kv.same_model(self.model, target_model)
             if settings is not None:
                 self._trimpass.want_top = True
+        if settings is not None or budget is not None:
+            self._trimpass_self = vllm_kv.same_model(self.model, target_model)
         return out
 
     def trim_propose(self, *args, **kwargs):
@@ -312,25 +315,33 @@ def install() -> None:
 
     def shared_kv(self, *args, **kwargs):
         out = init_kv(self, *args, **kwargs)
-        b = _budget_of(self)
-        if b is not None and getattr(self.drafter, "_trimpass_self", False):
-            names = self.drafter._draft_attn_layer_names
+        d, b = getattr(self, "drafter", None), _budget_of(self)
+        if getattr(d, "_trimpass_self", False):
+            names = d._draft_attn_layer_names
             ctx = self.compilation_config.static_forward_context
             vllm_kv.share_cache(names, ctx)
-            b.shares_cache = True
-            b.counts["cache_unused_bytes"] = vllm_kv.unused_bytes(names, ctx)
+            d._trimpass_kv = b.counts if b is not None else collections.Counter()
+            vllm_kv.next_token_first_pass(d, d._trimpass_kv)
+            d._trimpass_kv["cache_unused_bytes"] = vllm_kv.unused_bytes(names, ctx)
+            if b is not None:
+                b.shares_cache = True
             _log().info("trimpass: the drafter is the target; its %d attention layers use the "
-                        "target's KV cache", len(names))
+                        "target's KV cache, its first forward each request's next token",
+                        len(names))
         return out
 
     def timed_execute(self, scheduler_output, *args, **kwargs):
         b = _budget_of(self)
         if b is None:
             return execute(self, scheduler_output, *args, **kwargs)
+        b.forward_began(time.perf_counter())
         if b.table is None:
             b.measure_cost(self)
         # the syncs are no-ops on CPU; the budget's steps read the host anyway
         out, seconds = timed(execute, self, scheduler_output, *args, device=self.device, **kwargs)
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        b.forward_ended(time.perf_counter(), len(scheduler_output.num_scheduled_tokens),
+                        drafted=any(len(v) for v in spec.values()))
         b.observe_step(scheduler_output, seconds)
         return out
 
@@ -338,6 +349,9 @@ def install() -> None:
         runner = getattr(self, "model_runner", None)
         t, b = _trimmer_of(runner), _budget_of(runner)
         out = {"proposals": _proposals[0], "propose_s": _proposals[1]}
+        kv = getattr(getattr(runner, "drafter", None), "_trimpass_kv", None)
+        if kv is not None:  # the target drafting for itself on the target's cache
+            out["shared_cache"] = {k: kv[k] for k in ("first_pass_rows", "cache_unused_bytes")}
         if b is not None:
             out["budget"] = b.stats()
         return out if t is None else {**t.stats(), **out}
