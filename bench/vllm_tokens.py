@@ -139,14 +139,17 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
     p.add_argument("--repeat", type=int, default=1,
-                   help="runs of each concurrency in a row (the table shows the last: a budget's "
-                        "costs measured in the earlier ones, as on a server that has run a while)")
+                   help="runs of each concurrency in a row, a row each ('run N'): later runs "
+                        "start with the costs a budget measured in earlier ones, as on a server "
+                        "that has run a while")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the engine's dtype")
     p.add_argument("--memory", type=float, default=0.3,
                    help="gpu_memory_utilization: on CPU the share of RAM vLLM reserves (0.2 "
                         "leaves no KV cache once target and drafter weights are in)")
     a = p.parse_args()
+    if a.repeat < 1:
+        p.error("argument --repeat: must be >= 1")
     if a.prepare:
         return prepare(a)
     if a.config:

@@ -160,6 +160,7 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
     print("RESULT " + json.dumps({"together": [out[i] for i in range(len(out))],
                                   "budget": {**st["budget"], **counts},
                                   "first": st.get("first", {}),
+                                  "shared_cache": st.get("shared_cache", {}),
                                   "calls": st["calls"], "violations": st["violations"],
                                   "steps": st["steps"]}), flush=True)
 

@@ -320,7 +320,7 @@ def install() -> None:
             names = d._draft_attn_layer_names
             ctx = self.compilation_config.static_forward_context
             vllm_kv.share_cache(names, ctx)
-            d._trimpass_kv = b.counts if b is not None else collections.Counter()
+            d._trimpass_kv = collections.Counter()  # not the budget's: set_budget clears those
             vllm_kv.next_token_first_pass(d, d._trimpass_kv)
             d._trimpass_kv["cache_unused_bytes"] = vllm_kv.unused_bytes(names, ctx)
             if b is not None:
