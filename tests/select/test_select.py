@@ -1,7 +1,6 @@
 """Static selection: counting and coverage maths, the TPE search against a sweep, cost models,
 interop round trips, and every bad input."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -59,8 +58,9 @@ def test_cache_makes_the_second_count_instant(tmp_path):
 
 @pytest.fixture(scope="module")
 def real_counts(tmp_path_factory):
-    os.environ["TRIMPASS_CACHE"] = str(tmp_path_factory.mktemp("c"))
-    return counts.count(tokenizers.get("qwen3"), "sharegpt:4000")
+    with pytest.MonkeyPatch.context() as mp:  # not left set for the tests that follow
+        mp.setenv("TRIMPASS_CACHE", str(tmp_path_factory.mktemp("c")))
+        return counts.count(tokenizers.get("qwen3"), "sharegpt:4000")
 
 
 def test_tpe_within_half_a_percent_of_the_sweep(real_counts):
@@ -170,6 +170,7 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="alpha: must be in"):
         tpe.check_args(1.5, 0.9)
     c = counts.count(tokenizers.get(_words, vocab_size=8), _corpus(tmp_path, ["a b c"] * 40))
+    assert 0 < c.held.sum() < 120  # both splits hold copies, wherever tmp_path is
     with pytest.raises(ValueError, match="min coverage: 0.99 is not reached by any K <= 1"):
         tpe.select([c], costmodel.FlopsModel(1, 8, 8, 8), c_min=0.99, k_max=1)
     bad = tokenizers.get(lambda s: [9], vocab_size=8)

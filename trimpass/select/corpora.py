@@ -5,10 +5,15 @@ A corpus is named by a spec string: ``sharegpt``, ``stdlib``, ``pydoc``, or a fi
 after a spec keeps the first N documents (``sharegpt:2000``). Every reader yields :class:`Doc`
 records and counts what it had to skip in a :class:`Tally`, so malformed input is reported, never
 silently dropped. The ShareGPT JSON inside its wheel is cut off mid-record, so it is read record by
-record and the incomplete tail is counted as skipped.
+record and the incomplete tail is counted as skipped. The held-out split (:func:`held_out`) is keyed
+by each document's id, which names it inside its corpus, never by where a file sits: a built-in
+document by its place (``sharegpt/<conversation>/<turn>``, its path under the stdlib,
+``pydoc/<topic>``), a user file's document by a hash of its text (and prompt), numbered when the
+same text repeats, so a file splits the same wherever it is kept and whatever it is called.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sysconfig
@@ -100,7 +105,7 @@ def sharegpt(tally: Tally) -> Iterator[Doc]:
 
 def stdlib(tally: Tally) -> Iterator[Doc]:
     root = sysconfig.get_paths()["stdlib"]
-    for dirpath, dirs, files in sorted(os.walk(root)):
+    for dirpath, dirs, files in os.walk(root):  # top-down: pruning ``dirs`` skips them
         dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "test", "tests",
                                                        "__pycache__", "idlelib"))
         for fn in sorted(files):
@@ -125,13 +130,24 @@ def pydoc(tally: Tally) -> Iterator[Doc]:
 
 
 def user_file(path: str, tally: Tally) -> Iterator[Doc]:
+    """The documents of a user file, each id a hash of its content: ``<hash>/<n>`` for the n-th
+    document with that text and prompt, so copies of a text spread over both splits."""
+    seen: dict[str, int] = {}
+    for d in _file_docs(path, tally):
+        h = hashlib.blake2b(f"{d.prompt}\0{d.text}".encode(), digest_size=8).hexdigest()
+        seen[h] = n = seen.get(h, -1) + 1
+        yield Doc(f"{h}/{n}", d.text, d.prompt)
+
+
+def _file_docs(path: str, tally: Tally) -> Iterator[Doc]:
+    """A user file's documents, with ids that :func:`user_file` replaces."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
     except OSError as e:
         raise CorpusError(f"corpus {path!r}: cannot be read ({e.strerror})") from None
     if path.endswith(".jsonl"):
-        for k, line in enumerate(text.splitlines()):
+        for line in text.splitlines():
             if not line.strip():
                 continue
             try:
@@ -141,18 +157,18 @@ def user_file(path: str, tally: Tally) -> Iterator[Doc]:
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("text"), str):
                 tally.docs += 1
-                yield Doc(f"{path}/{k}", rec["text"])
+                yield Doc("", rec["text"])
             elif isinstance(rec, dict) and ("conversations" in rec or "messages" in rec):
-                yield from _chat_docs([rec], tally, f"{path}/{k}")
+                yield from _chat_docs([rec], tally, "")
             else:
                 tally.skip("JSONL line without a 'text' field")
     elif path.endswith(".json"):
-        yield from _chat_docs(_json_records(text, tally), tally, path)
+        yield from _chat_docs(_json_records(text, tally), tally, "")
     else:
-        for k, para in enumerate(text.split("\n\n")):
+        for para in text.split("\n\n"):
             if para.strip():
                 tally.docs += 1
-                yield Doc(f"{path}/{k}", para)
+                yield Doc("", para)
 
 
 BUILTIN = {"sharegpt": sharegpt, "stdlib": stdlib, "pydoc": pydoc}
