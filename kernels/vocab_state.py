@@ -17,7 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from trimpass.kernels import require_triton
+
 INT64_MAX = 2**63 - 1
+KEY_NONE = tl.constexpr(INT64_MAX)  # the kernel's copy: a jitted function reads only constexpr
+# globals (a plain int builds under the interpreter and fails on the GPU)
 
 
 @triton.jit
@@ -36,13 +40,13 @@ def _admit_kernel(
     same = (ids[:, None] == ids[None, :]) & (offs_s[None, :] < offs_s[:, None]) & ms[None, :]
     first = ms & (tl.max(same.to(tl.int32), axis=1) == 0)
     count0 = tl.load(count_ptr + r).to(tl.int64)
-    cur = tl.full([BLOCK_S], -1, tl.int64)
+    cur = tl.full([BLOCK_S], -1, tl.int32)
     for c0 in range(0, CAP, SEARCH_C):  # the row's slot of each id, -1 when absent
         offs = c0 + tl.arange(0, SEARCH_C)
         live = offs < count0
         row = tl.load(idx_ptr + r * stride_idx + offs, mask=live, other=-1)
         hit = (row[None, :] == ids[:, None]) & live[None, :]
-        cur = tl.maximum(cur, tl.max(tl.where(hit, offs[None, :].to(tl.int64), -1), axis=1))
+        cur = tl.maximum(cur, tl.max(tl.where(hit, offs[None, :], -1), axis=1))
     present = first & (cur >= 0)
     tl.store(stamp_ptr + r * stride_stamp + cur, tl.zeros_like(cur) + now, mask=present)
     new = first & (cur < 0)
@@ -54,13 +58,13 @@ def _admit_kernel(
     mc = offs_c < CAP
     st = tl.load(stamp_ptr + r * stride_stamp + offs_c, mask=mc, other=0)
     elig = mc & (offs_c >= n_core) & (offs_c < count0) & (st != now)
-    key = tl.where(elig, st * (CAP + 1) + offs_c, INT64_MAX)
+    key = tl.where(elig, st * (CAP + 1) + offs_c, KEY_NONE)
     tl.store(scratch_ptr + b * stride_scr + offs_c, tl.sort(key), mask=mc)
     tl.debug_barrier()
     ev_raw = rank - (CAP - count0)
     ev_idx = tl.minimum(tl.maximum(ev_raw, 0), K_EV - 1)
-    ekey = tl.load(scratch_ptr + b * stride_scr + ev_idx, mask=ms, other=INT64_MAX)
-    ev_ok = (ekey != INT64_MAX) & (ev_raw < K_EV)
+    ekey = tl.load(scratch_ptr + b * stride_scr + ev_idx, mask=ms, other=KEY_NONE)
+    ev_ok = (ekey != KEY_NONE) & (ev_raw < K_EV)
     target = tl.where(use_free, free_pos, ekey % (CAP + 1))
     ok = new & (use_free | ev_ok)
     tl.store(idx_ptr + r * stride_idx + target, ids, mask=ok)
@@ -71,7 +75,10 @@ def _admit_kernel(
 SCRATCH = 1  # columns each pool row carries past its capacity: where a static-shape scatter sends
 # the writes of ids that get no slot
 MAX_S = 64  # ids per row per call handled by the kernel ([S, S] compares live in registers)
-SEARCH_C = 256  # slots compared per step of the row search ([S, SEARCH_C] in registers)
+SEARCH_C = 256  # slots compared per step of the row search ([S, SEARCH_C] in registers) ...
+COMPARES = 4096  # ... and at most this many ids x slots: 64 ids x 256 slots spill on the GPU
+NUM_WARPS = 16  # the capacity-wide sort's keys (4,096 int64) spread over 512 threads: 4 warps
+# need 255 registers and spill, and build for 90 s on sm_80
 
 
 def new_pool(rows: int, capacity: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,18 +96,51 @@ def capacity_of(idx: torch.Tensor) -> int:
 
 def admit(idx, stamp, count, clock, rows, ids, n_core: int) -> None:
     """Launch one program per batch position; ``clock`` must already hold this call's stamp."""
-    B, S = ids.shape
-    cap = capacity_of(idx)
-    if S == 0:
+    check_launch(idx, stamp, count, clock, rows, ids)
+    if ids.shape[1] == 0:
         return
-    scratch = torch.empty((B, cap), dtype=torch.int64, device=idx.device)
-    _admit_kernel[(B,)](
-        idx, stamp, count, clock, rows, ids, scratch,
-        S, cap, n_core, min(S, cap),
-        idx.stride(0), stamp.stride(0), ids.stride(0), scratch.stride(0),
-        BLOCK_S=max(16, triton.next_power_of_2(S)), BLOCK_C=triton.next_power_of_2(cap),
-        SEARCH_C=min(SEARCH_C, triton.next_power_of_2(cap)),
-    )
+    scratch = torch.empty((ids.shape[0], capacity_of(idx)), dtype=torch.int64, device=idx.device)
+    args, blocks = launch_args(idx, stamp, count, clock, rows, ids, scratch, n_core)
+    _admit_kernel[(ids.shape[0],)](*args, **blocks)
+
+
+def check_launch(idx, stamp, count, clock, rows, ids) -> None:
+    """Raise, naming the argument (or triton's version), on a call the kernel cannot serve."""
+    require_triton()
+    if not (idx.is_cuda or idx.device.type == "cpu" and triton.knobs.runtime.interpret):
+        raise ValueError(f"idx: on {idx.device}; the admission kernel runs on CUDA devices (on CPU "
+                         "only under TRITON_INTERPRET=1; admit_host serves CPU buffers)")
+    for name, t in (("stamp", stamp), ("count", count), ("clock", clock), ("rows", rows),
+                    ("ids", ids)):
+        if t.device != idx.device:
+            raise ValueError(f"{name}: on {t.device} but the pool is on {idx.device}")
+    if idx.dtype != torch.int64 or stamp.dtype != torch.int64 or idx.shape != stamp.shape \
+            or idx.stride(1) != 1 or stamp.stride(1) != 1:
+        raise ValueError(f"idx and stamp: expected two int64 [rows, capacity + {SCRATCH}] pools "
+                         f"with contiguous rows (new_pool), got {idx.dtype} {tuple(idx.shape)} "
+                         f"and {stamp.dtype} {tuple(stamp.shape)}")
+    if ids.dim() != 2 or ids.shape[1] > MAX_S or ids.stride(1) != 1:
+        raise ValueError(f"ids: expected [B, S] with S <= {MAX_S} ids per row (the kernel holds "
+                         f"[S, S] compares in registers; admit_reference serves longer calls), "
+                         f"got {tuple(ids.shape)}")
+    if rows.numel() != ids.shape[0]:
+        raise ValueError(f"rows: expected one pool row per batch position ({ids.shape[0]}), got "
+                         f"{rows.numel()}")
+
+
+def launch_args(idx, stamp, count, clock, rows, ids, scratch, n_core: int):
+    """The kernel's arguments and block sizes exactly as :func:`admit` passes them (the GPU build
+    check specializes its builds on these, as the JIT does at launch)."""
+    S = ids.shape[1]
+    cap = capacity_of(idx)
+    args = (idx, stamp, count, clock, rows, ids, scratch,
+            S, cap, n_core, min(S, cap),
+            idx.stride(0), stamp.stride(0), ids.stride(0), scratch.stride(0))
+    block_s = max(16, triton.next_power_of_2(S))
+    search = min(SEARCH_C, triton.next_power_of_2(cap), max(16, COMPARES // block_s))
+    blocks = dict(BLOCK_S=block_s, BLOCK_C=triton.next_power_of_2(cap), SEARCH_C=search,
+                  num_warps=NUM_WARPS)
+    return args, blocks
 
 
 def admit_host(idx, stamp, count, clock, rows, ids, n_core: int) -> None:

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from tests.conftest import assert_close_rel
-from trimpass.kernels.trimmed_head import CONFIGS, trimmed_head, trimmed_head_reference
+from trimpass.kernels.trimmed_head import (
+    CONFIGS,
+    prune_configs,
+    trimmed_head,
+    trimmed_head_reference,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available() \
@@ -38,7 +43,7 @@ def _assert_matches(out, ref, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "m{BLOCK_M}k{BLOCK_K}d{BLOCK_D}".format(
-    **c.kwargs))
+    **c.kwargs) + f"w{c.num_warps}s{c.num_stages}")
 def test_every_config_matches_reference(config, dtype):
     """Each autotune config, pinned, on fresh inputs sized to leave a partial block on every axis:
     two row blocks, a full group and one whose count ends inside the first block of ids (so whole
@@ -116,3 +121,49 @@ def test_scatter_writes_only_active_columns(dtype):
     trimmed_head_reference(x, w, idx, count, out=ref, scatter=True)
     assert_close_rel(out, ref, dtype)
     assert torch.isfinite(out[1]).sum() == 3 * 41
+
+
+def _kept(rows, dtype):
+    bucket = 1 << max(0, rows - 1).bit_length()
+    return prune_configs(CONFIGS, {"M_BUCKET": bucket, "x_ptr": torch.empty(0, dtype=dtype)})
+
+
+def _tf32(t):
+    """``t`` with its float32 mantissas cut to TF32's 10 bits."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("M", [1, 20])
+def test_fp32_logits_are_fp32_exact_not_tf32(M):
+    """Every config the autotuner may pick for fp32 matches a float64 reference to 1e-5 of the
+    largest logit (sums of fp32 products; d = 1,024). The control shows the bound separates: the
+    same logits from TF32-rounded operands miss it (NVIDIA's default for an fp32 tl.dot)."""
+    gen = torch.Generator().manual_seed(M)
+    x, w, idx = _inputs(1, M, 64, 1024, torch.float32, V=500, gen=gen)
+    count = _t([64], torch.int32)
+    exact = x[0].double() @ w[idx[0]].double().T
+
+    def err(z):
+        return float((z.double() - exact).abs().max() / exact.abs().max())
+
+    assert err(_tf32(x[0]) @ _tf32(w[idx[0]]).T) > 1e-5, "control: TF32 passes the bound"
+    for config in _kept(M, torch.float32):
+        out = trimmed_head(x, w, idx, count, config=config)
+        assert err(out[0]) < 1e-5, f"{config}: relative error {err(out[0]):.1e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 4, 16])
+def test_one_request_keeps_every_sm_of_an_h200_working(M, dtype):
+    """One request (one id group) with 3,000 live ids: every config the autotuner may pick for
+    up to 16 rows gives at least 132 programs (an H200's SMs) work, not just a grid that size
+    (programs past the count exit at once)."""
+    for c in _kept(M, dtype):
+        working = -(-3000 // c.kwargs["BLOCK_K"]) * -(-M // c.kwargs["BLOCK_M"])
+        assert working >= 132, f"{c}: {working} working programs at K = 3,000, M = {M}"
+
+
+def test_every_config_can_be_picked():
+    """No dead entry in CONFIGS: each is kept for some row count and dtype."""
+    kept = {str(c) for M in (1, 2, 16, 32, 64, 128) for dt in DTYPES for c in _kept(M, dt)}
+    assert [str(c) for c in CONFIGS if str(c) not in kept] == []
