@@ -83,8 +83,8 @@ def _body_ms(model, prompt, inner) -> float:
     from trimpass import measure
     trimpass.generate(model, prompt, 2, speculate=False, inner=inner)
     loop = model._trimpass_fused
-    loop._fresh_cache(prompt.shape[1] + 2)
-    loop._run(prompt, 0)
+    loop._fresh_cache(prompt.shape[1], 2)
+    loop._prefill(prompt)
     P, token = prompt.shape[1], prompt[:, -1:]
 
     def step():

@@ -25,9 +25,9 @@ from trimpass.backend import (
 from trimpass.config import Escape, TrimConfig, TrimpassError
 from trimpass.dynamic import ops as _dynamic_ops  # noqa: F401  (and the dynamic vocabulary's)
 
-__all__ = ["backend", "trim", "self_drafter", "generate", "TrimConfig", "Escape", "TrimpassError",
-           "TrimpassWarning", "explain", "reset", "stats", "observe", "pair", "active_ids",
-           "active_state", "ops"]
+__all__ = ["backend", "trim", "self_drafter", "generate", "warm_up", "TrimConfig", "Escape",
+           "TrimpassError", "TrimpassWarning", "explain", "reset", "stats", "observe", "pair",
+           "active_ids", "active_state", "ops"]
 
 
 def backend(**config) -> TrimBackend:
@@ -39,9 +39,10 @@ def backend(**config) -> TrimBackend:
     return make_backend(**config)
 
 
-def _compile_module(module: torch.nn.Module, be: TrimBackend) -> torch.nn.Module:
+def _compile_module(module: torch.nn.Module, be: TrimBackend, **compile_kw) -> torch.nn.Module:
     module._trimpass_backend = be
-    module.compile(backend=be)  # in place: module(...) and module.generate(...) run the rewrite
+    # in place: module(...) and module.generate(...) run the rewrite
+    module.compile(backend=be, **compile_kw)
     return module
 
 
@@ -164,7 +165,9 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
     at 6; ``bench/results/self_gamma.md``)."""
     from trimpass.hf.selfdraft import shared_copy
     be = make_backend(**config)  # the settings checked before anything is built
-    return _compile_module(shared_copy(model, gamma, confidence), be)
+    # every length symbolic from the first call: HF's loop calls the drafter with prompts, steps
+    # and catch-ups of any length over a cache of any length, each a new static graph otherwise
+    return _compile_module(shared_copy(model, gamma, confidence), be, dynamic=True)
 
 
 def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
@@ -182,10 +185,20 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
-    from trimpass.hf import fused, selfdraft
+    from trimpass.hf import buckets, fused
     fused.check_model(model)
     fused.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
                      top_p)
+    buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model))
+    loop = _fused_loop(model, gamma, confidence, speculate, config)
+    model._trimpass_fused = loop  # the one stats(model) reports
+    sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
+    return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model))
+
+
+def _fused_loop(model, gamma, confidence, speculate, config):
+    """The fused loop of ``model`` for one setting, built on its first use and kept on the model."""
+    from trimpass.hf import fused, selfdraft
     gamma = fused.GAMMA if gamma is None else gamma
     confidence = fused.CONFIDENCE if confidence is None else confidence
     selfdraft.check_schedule(gamma, confidence)
@@ -199,9 +212,25 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
             return compile_inner(gm, example_inputs, cfg.inner, cfg.mode, cfg.options)
 
         loops[key] = fused.FusedLoop(model, gamma, confidence, speculate, be, plain)
-    loop = model._trimpass_fused = loops[key]  # the one stats(model) reports
-    sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
-    return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model))
+    return loops[key]
+
+
+def warm_up(model, draft=None, gamma: int | None = None, confidence: float | None = None,
+            speculate: bool = True, **config) -> float:
+    """Compile, ahead of the first prompt, every graph a route runs; returns the seconds it took
+    (0 when done already). No later prompt compiles anything, whatever its length.
+    ``warm_up(model, ...)`` with :func:`generate`'s settings warms the fused loop (its first call
+    does it too); ``warm_up(model, draft)`` with ``draft = self_drafter(model)`` warms Hugging
+    Face's assisted generation with that drafter (its first ``generate`` does not: call this)."""
+    from trimpass.hf import fused, selfdraft
+    fused.check_model(model)
+    if draft is not None:
+        if gamma is not None or confidence is not None or config or not speculate:
+            raise TrimpassError("warm_up: a self_drafter keeps its own settings; pass only "
+                                "model and draft")
+        return selfdraft.warm_up(model, draft)
+    with torch.no_grad():
+        return _fused_loop(model, gamma, confidence, speculate, config).warm_up()
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

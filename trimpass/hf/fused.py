@@ -2,9 +2,12 @@
 for itself through its own trimmed head and verifies with its full head, without a second body pass.
 
 The body runs one token at a time, as plain decoding does, over a static KV cache (every layer a
-full-length ``StaticLayer``: a sliding-window layer's mask still applies the window, and rolling
-back is setting the cache's length). Each step's hidden state is kept; the trimmed head (the step
-compiled through trimpass) drafts the next token. Every ``gamma`` steps, or where the trimmed
+full-length static layer: a sliding-window layer's mask still applies the window, and rolling
+back is setting the cache's length); the prompt is prefilled in fixed chunks, and the cache comes in
+power-of-two buckets whose length is dynamic in the compiled graphs, so the first call compiles
+every graph the loop runs and no later prompt compiles another (:mod:`trimpass.hf.buckets`).
+Each step's hidden state is kept; the trimmed head (the step compiled through trimpass) drafts the
+next token. Every ``gamma`` steps, or where the trimmed
 confidence drops below ``confidence``, the full head verifies the kept hidden states in one batched
 product (:mod:`trimpass.hf.accept`); the cache rolls back to the first mismatch and the full head's
 own token follows. Each emitted token costs one body step; a round costs one full-head product.
@@ -13,15 +16,20 @@ step). Batch 1 only.
 """
 from __future__ import annotations
 
+import logging
+import time
 import types
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache
 
 from trimpass.config import disabled
-from trimpass.hf import accept, selfdraft
+from trimpass.hf import accept, buckets, selfdraft
+from trimpass.hf.assisted import compiled_graphs
 from trimpass.loops.stats import LoopStats
+
+log = logging.getLogger("trimpass")
 
 # the defaults: x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
 GAMMA, CONFIDENCE = 8, 0.4
@@ -33,17 +41,21 @@ class FusedStats(LoopStats):
     trimmed_calls: int = 0  # body steps that ran the trimmed head
     verifications: int = 0  # batched full-head products
     rechecks: int = 0  # rows computed again alone at a near-tie
+    warm_up_s: float = 0.0  # the first call's compile (every graph the loop runs)
+    graphs: int = 0  # graphs that compile compiled
 
     def as_dict(self) -> dict:
         return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
                     accepted=self.accepted, emitted=self.emitted, body_steps=self.body_steps,
                     trimmed_calls=self.trimmed_calls, verifications=self.verifications,
-                    rechecks=self.rechecks, acceptance=self.acceptance, mat=self.mat)
+                    rechecks=self.rechecks, acceptance=self.acceptance, mat=self.mat,
+                    warm_up_s=self.warm_up_s, graphs=self.graphs)
 
 
 class _Step(torch.nn.Module):
-    """One pass of ``model``'s body over new ids; returns the last row's hidden state and, with a
-    head, its logits (the graph trimpass trims)."""
+    """One pass of ``model``'s body over new ids; returns the hidden state of row ``row`` (a
+    one-element tensor: the last real row of a padded chunk, a graph input, not a constant) and,
+    with a head, its logits (the graph trimpass trims)."""
 
     def __init__(self, model, head: bool):
         super().__init__()
@@ -55,9 +67,9 @@ class _Step(torch.nn.Module):
         code = _Step.step.__code__.replace()
         self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
 
-    def step(self, ids, position_ids, cache):
+    def step(self, ids, position_ids, row, cache):
         h = self.body(input_ids=ids, position_ids=position_ids, past_key_values=cache,
-                      use_cache=True).last_hidden_state[:, -1]
+                      use_cache=True).last_hidden_state.index_select(1, row)[:, 0]
         if self.head is None:
             return h, None
         z = self.head(h)
@@ -147,20 +159,17 @@ class FusedLoop:
         self.step = _Step(model, head=self.speculate).eval()
         self.step.compile(backend=backend if self.speculate else plain)
         self.head = accept.FullHead(model)
-        self.cache, self.capacity = None, 0
+        self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
         self.stats = FusedStats(name="fused")
+        self.warmed = False
 
-    def _fresh_cache(self, length: int) -> Cache:
-        """The static cache, emptied (grown in steps of 256 positions: a new one recompiles)."""
-        if length > self.capacity:
-            cfg = self.model.config.get_text_config(decoder=True)
-            p = next(self.model.parameters())
-            self.capacity = -(-length // 256) * 256
-            heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-            dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-            self.cache = Cache(layers=[StaticLayer(self.capacity)
-                                       for _ in range(cfg.num_hidden_layers)])
-            self.cache.early_initialization(1, heads, dim, p.dtype, p.device)
+    def _fresh_cache(self, prompt: int, new: int) -> Cache:
+        """An empty cache of the bucket for a prompt of ``prompt`` tokens and ``new`` more (a new
+        bucket is a new cache, not a new graph: the length dimension is dynamic in both graphs)."""
+        capacity = buckets.capacity_for(max(prompt + new, buckets.padded(prompt)), self.context)
+        if capacity != self.capacity:
+            self.cache, self.capacity = None, 0  # the old bucket's memory first
+            self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
         self._rollback(0)
         return self.cache
 
@@ -168,9 +177,49 @@ class FusedLoop:
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(length)
 
-    def _run(self, ids: torch.Tensor, at: int):
+    def _run(self, ids: torch.Tensor, at: int, row: int = 0):
         positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
-        return self.step(ids, positions, self.cache)
+        if self.context is not None:  # a padded chunk's last rows (overwritten later)
+            positions.clamp_(max=self.context - 1)
+        return self.step(ids, positions, torch.tensor([row], device=ids.device), self.cache)
+
+    def _prefill(self, ids: torch.Tensor):
+        """The prompt in chunks of ``buckets.CHUNK`` tokens, the last padded with its own last
+        token (no new id reaches the active set); returns the last real row's (h, logits)."""
+        P, C = ids.shape[1], buckets.CHUNK
+        for start in range(0, P, C):
+            n = min(C, P - start)
+            chunk = ids[:, -1:].expand(1, C).clone()  # a fresh [1, C] tensor: one stride
+            chunk[:, :n] = ids[:, start:start + n]
+            self._rollback(start)
+            h, z = self._run(chunk, start, n - 1)
+        self._rollback(P)
+        return h, z
+
+    def warm_up(self) -> float:
+        """Compile every graph the loop runs (the chunk, the one-token step) on a scratch request
+        of the smallest bucket; returns the seconds it took (0 if they were compiled already)."""
+        if self.warmed:
+            return 0.0
+        t0 = time.perf_counter()
+        graphs = compiled_graphs()
+        device = self.head.weight.device
+        state = self.backend.state_for(self.step) if self.speculate else None
+        with torch.no_grad():
+            self._fresh_cache(1, 1)
+            ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+            self._prefill(ids)
+            self._run(ids, 1)
+            if state is None:
+                state = self.backend.state_for(self.step) if self.speculate else None
+            if state is not None and state.V is not None:
+                state.reset()  # the scratch request's ids leave nothing behind
+        self.warmed = True
+        self.stats.warm_up_s = time.perf_counter() - t0
+        self.stats.graphs = compiled_graphs() - graphs
+        log.info("trimpass.generate: compiled %d graphs in %.1f s (first call on this model and "
+                 "setting; none later)", self.stats.graphs, self.stats.warm_up_s)
+        return self.stats.warm_up_s
 
     def _round(self, token, at: int, budget: int, sampler):
         """Draft from ``token`` at position ``at``, verify, roll back; returns the emitted ids."""
@@ -220,15 +269,14 @@ class FusedLoop:
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens, sampler, eos: set[int]) -> torch.Tensor:
+        self.warm_up()
         state = self.backend.state_for(self.step) if self.speculate else None
         if state is not None and state.V is not None:
             state.reset()  # a new request: its context ids, not the last one's
         P = input_ids.shape[1]
-        self._fresh_cache(P + max_new_tokens)
+        self._fresh_cache(P, max_new_tokens)
         ids = input_ids.to(self.head.weight.device)
-        if P > 1:
-            torch._dynamo.maybe_mark_dynamic(ids, 1)
-        h, _ = self._run(ids, 0)
+        h, _ = self._prefill(ids)
         out = [self._first(h, sampler)]
         while len(out) < max_new_tokens and out[-1] not in eos:
             token = torch.tensor([out[-1]], device=ids.device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from trimpass.hf import exact
 
@@ -58,6 +59,33 @@ def _shallow(module, config):
     return out
 
 
+class FullLayer(DynamicLayer):
+    """The drafter's cache layer: every position so far (a sliding-window layer's window is applied
+    by the model's mask, from absolute positions), and standard strides after a rollback, so that a
+    compiled drafter sees one layout whatever was cropped."""
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        if self.is_initialized:  # a cropped view keeps the old length's strides
+            self.keys = self.keys.clone(memory_format=torch.contiguous_format)
+            self.values = self.values.clone(memory_format=torch.contiguous_format)
+
+
+def _full_length_layers(prepare):
+    """``prepare`` (a model's ``_prepare_cache_for_generation``), then every layer of the cache it
+    made replaced by a :class:`FullLayer`. A sliding-window layer keeps its length as a Python int
+    and branches on it, so a compiled drafter recompiles as a request crosses the window; and with
+    its past recorded for rollback (as assisted generation does) Hugging Face 5.17's returns more
+    keys than its mask covers once a request passes the window, a crash inside attention."""
+    def wrapped(generation_config, model_kwargs, *args, **kwargs):
+        out = prepare(generation_config, model_kwargs, *args, **kwargs)
+        cache = model_kwargs.get("past_key_values")
+        if isinstance(cache, DynamicCache):
+            cache.layers = [FullLayer() for _ in cache.layers]
+        return out
+    return wrapped
+
+
 def shared_copy(model, gamma: int, confidence: float):
     """The assistant: ``model`` over its own parameters, drafting up to ``gamma`` tokens per round
     and stopping early where its trimmed confidence drops below ``confidence`` (0: always
@@ -73,7 +101,35 @@ def shared_copy(model, gamma: int, confidence: float):
     if isinstance(base, torch.nn.Module) and base is not model:
         setattr(draft, prefix, _shallow(base, config))  # its masks follow the copy's config
     draft.generation_config = copy.deepcopy(model.generation_config)
+    draft._prepare_cache_for_generation = _full_length_layers(draft._prepare_cache_for_generation)
     g = draft.generation_config
     g.num_assistant_tokens, g.num_assistant_tokens_schedule = gamma, "constant"
     g.assistant_confidence_threshold = float(confidence)
     return draft
+
+
+def warm_up(model, draft) -> float:
+    """Compile every graph Hugging Face's assisted generation runs in ``draft`` (a
+    :func:`trimpass.self_drafter` of ``model``), on scratch prompts of 16 tokens and of one,
+    decoded until drafts were both kept whole and cut short (the drafter's prefill, its one-token
+    step and its catch-up over several tokens; a one-token prompt's own, as Dynamo specializes
+    sizes of 1); returns the seconds it took, 0 if done already.
+    The drafter's rows are reset after, so no scratch id stays in its active set."""
+    import time
+
+    from trimpass import reset
+    from trimpass.hf.assisted import compiled_graphs
+    if getattr(draft, "_trimpass_warm", None) is not None:
+        return 0.0
+    t0, graphs = time.perf_counter(), compiled_graphs()
+    device = next(model.parameters()).device
+    V = model.get_output_embeddings().weight.shape[0]
+    scratch = torch.Generator().manual_seed(0)  # ordinary ids, none of the special ones up front
+    with torch.no_grad():
+        for length in (16, 1):
+            ids = torch.randint(V // 4, V // 2, (1, length), generator=scratch).to(device)
+            model.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=24,
+                           pad_token_id=0)
+    reset(draft)
+    draft._trimpass_warm = (time.perf_counter() - t0, compiled_graphs() - graphs)
+    return draft._trimpass_warm[0]

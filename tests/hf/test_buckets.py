@@ -1,0 +1,142 @@
+"""Every prompt, first call to last: 20 prompts of distinct lengths from 8 to 1,024 tokens through
+each route in one process (the fused loop, and Hugging Face's assisted generation with the model
+drafting for itself), past Gemma's sliding window: no exception, no graph compiled after the first
+call (warm-up), the trimmed head on every drafter call, and every output identical to plain greedy
+decoding or its divergence a near-tie. The HF route's crash past the window is recreated with
+Hugging Face's own sliding layers; the cache follows each prompt's bucket; requests that do not fit
+the model's positions are refused before any compute."""
+import numpy as np
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+import trimpass
+from tests.graph.test_hf import SMALL, V
+from trimpass.hf import buckets, divergence, selfdraft
+from trimpass.hf.assisted import compiled_graphs
+from trimpass.testing.checks import head_runs
+
+FAST = dict(inner="aot_eager")
+LENGTHS = sorted({int(x) for x in np.geomspace(8, 1024, 20)})
+NEW = 12
+
+
+def _gemma(context=1200):
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=16,
+                                              max_position_embeddings=context,
+                                              eos_token_id=None, bos_token_id=None)).eval()
+
+
+def _prompts(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, V, (1, n), generator=g) for n in LENGTHS]
+
+
+def _plain(model, ids):
+    with torch.no_grad():
+        return model.generate(ids, do_sample=False, max_new_tokens=NEW, pad_token_id=0)
+
+
+def _same_or_near_tie(model, ids, got, want):
+    d = divergence.explain(model, ids.shape[1], want, got)
+    assert d is None or d.near_tie, f"prompt of {ids.shape[1]} tokens: {d}"
+
+
+def test_lengths_are_distinct_and_span_8_to_1024():
+    assert len(LENGTHS) == 20 and LENGTHS[0] == 8 and LENGTHS[-1] == 1024
+
+
+def test_the_fused_loop_compiles_nothing_after_its_first_call_whatever_the_length():
+    torch._dynamo.reset()
+    model = _gemma()
+    warm = torch.randint(0, V, (1, 5))
+    trimpass.generate(model, warm, NEW, gamma=4, learn_core=64, **FAST)
+    st = trimpass.stats(model)
+    assert st["graphs"] >= 2 and st["warm_up_s"] > 0  # the chunk and the one-token step
+    loop = model._trimpass_fused
+    graphs = compiled_graphs()
+    with head_runs(loop.step) as runs:
+        outs = [trimpass.generate(model, p, NEW, gamma=4, learn_core=64, **FAST)
+                for p in _prompts()]
+    assert compiled_graphs() == graphs, "a later prompt compiled a graph"
+    runs.check()  # every chunk and every drafting step ran the trimmed head
+    for p, got in zip(_prompts(), outs, strict=True):
+        _same_or_near_tie(model, p, got, _plain(model, p))
+
+
+def test_huggingfaces_loop_with_a_self_drafter_compiles_nothing_after_warm_up():
+    torch._dynamo.reset()
+    model = _gemma()
+    draft = trimpass.self_drafter(model, gamma=4, inner="aot_eager")
+    assert trimpass.warm_up(model, draft) > 0
+    assert trimpass.warm_up(model, draft) == 0.0  # once
+    graphs = compiled_graphs()
+    with head_runs(draft) as runs:
+        outs = [_plain_assisted(model, draft, p) for p in _prompts()]
+    assert compiled_graphs() == graphs, "a later prompt compiled a graph"
+    runs.check()
+    for p, got in zip(_prompts(), outs, strict=True):
+        _same_or_near_tie(model, p, got, _plain(model, p))
+
+
+def _plain_assisted(model, draft, ids):
+    with torch.no_grad():
+        return model.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=NEW,
+                              pad_token_id=0)
+
+
+def test_the_crash_past_the_window_is_hugging_faces_sliding_layer_and_is_gone():
+    """Hugging Face's own sliding layer, recording its past for rollback, returns more keys than
+    its mask covers once a request passes the window (eager, too); the self-drafter's full-length
+    layers do not."""
+    model = _gemma()
+    ids = torch.randint(0, V, (1, 30))  # past the window of 16 from the first draft
+    own = selfdraft.shared_copy(model, 4, 0.0)
+    del own._prepare_cache_for_generation  # Hugging Face's cache, sliding layers and all
+    with pytest.raises(RuntimeError, match="must match the size"):
+        _plain_assisted(model, own, ids)
+    fixed = selfdraft.shared_copy(model, 4, 0.0)
+    assert torch.equal(_plain_assisted(model, fixed, ids), _plain(model, ids))
+
+
+def test_the_cache_follows_each_prompts_bucket_without_compiling():
+    torch._dynamo.reset()
+    model = _gemma(context=4096)
+    trimpass.generate(model, torch.randint(0, V, (1, 10)), 4, speculate=False, **FAST)
+    loop = model._trimpass_fused
+    assert loop.capacity == buckets.MIN_CAPACITY
+    graphs = compiled_graphs()
+    trimpass.generate(model, torch.randint(0, V, (1, 1000)), 4, speculate=False, **FAST)
+    assert loop.capacity == 1024 and loop.cache.layers[0].keys.shape[2] == 1024
+    trimpass.generate(model, torch.randint(0, V, (1, 10)), 4, speculate=False, **FAST)
+    assert loop.capacity == buckets.MIN_CAPACITY and compiled_graphs() == graphs
+
+
+def test_buckets_hold_every_request_up_to_the_context():
+    for tokens in (1, 255, 256, 257, 1000, 3000):
+        cap = buckets.capacity_for(tokens, 4096)
+        assert cap >= tokens and cap & (cap - 1) == 0 and cap <= 4096
+    assert buckets.capacity_for(4100, 4096) == 4100  # a padded last chunk past the context
+    assert buckets.padded(1) == buckets.CHUNK and buckets.padded(buckets.CHUNK + 1) == \
+        2 * buckets.CHUNK
+
+
+@pytest.mark.parametrize("prompt,new,msg", [
+    (301, 1, "input_ids: a prompt of 301 tokens is longer than the model's context of 300"),
+    (290, 20, "max_new_tokens: 290 prompt tokens \\+ 20 new ones pass the model.s 300 "
+              "positions .*; ask for at most 10"),
+])
+def test_a_request_past_the_models_positions_is_refused_before_any_compute(prompt, new, msg):
+    model = _gemma(context=300)
+    with pytest.raises(ValueError, match=msg):
+        trimpass.generate(model, torch.randint(0, V, (1, prompt)), new, **FAST)
+    assert not hasattr(model, "_trimpass_fused")
+    assert trimpass.generate(model, torch.randint(0, V, (1, 290)), 10, **FAST).shape[1] == 300
+
+
+def test_warm_up_refuses_settings_beside_a_drafter():
+    model = _gemma()
+    draft = trimpass.self_drafter(model, inner="aot_eager")
+    with pytest.raises(trimpass.TrimpassError, match="warm_up: a self_drafter keeps its own"):
+        trimpass.warm_up(model, draft, gamma=3)

@@ -1,0 +1,76 @@
+"""Where a route's greedy output leaves plain decoding's, and whether that is a near-tie.
+
+Greedy speculative decoding emits the target's argmax, but a route computes it differently from
+plain decoding: Hugging Face verifies several tokens in one batched pass, the fused loop runs a
+compiled body and prefills in chunks. Each rounds differently, so where the top two logits lie
+within rounding of each other the argmax may flip, and the outputs part from there on. For a pair
+of outputs, :func:`explain` finds the first differing position and computes the logits of that
+prefix both ways, eagerly: one-token steps over a cache (as ``model.generate`` decodes) and one
+batched pass over the whole prefix (as a verification does). The gap between plain decoding's top
+logit and the route's token, against the largest difference between the two computations, decides:
+a gap within that difference is a near-tie that rounding alone can flip; a wider gap is a bug.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class Divergence:
+    position: int  # index of the first differing new token
+    plain: int  # plain decoding's token there
+    route: int  # the route's token there
+    gap: float  # plain's logit of its token minus of the route's, one-token steps
+    spread: float  # the largest |one-token - batched| logit difference at that position
+    ulps: float  # gap in ulps of the top logit in the model's dtype
+    near_tie: bool  # gap <= spread: rounding alone can flip it
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor, start: int) -> int | None:
+    """The first index >= ``start`` where ``a`` and ``b`` [1, n] differ (None if one is a prefix of
+    the other: an EOS or a length, not a token, apart)."""
+    n = min(a.shape[1], b.shape[1])
+    diff = (a[0, start:n] != b[0, start:n]).nonzero()
+    return start + int(diff[0, 0]) if diff.numel() else None
+
+
+def ulp(x: float, dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s values at ``x``."""
+    e = math.floor(math.log2(abs(x))) if x else 0
+    return torch.finfo(dtype).eps * 2.0 ** e
+
+
+@torch.no_grad()
+def _one_token_steps(model, prefix: torch.Tensor, prompt: int) -> torch.Tensor:
+    """The last position's logits as ``model.generate`` computes them: the prompt in one pass,
+    then one token at a time over the cache."""
+    out = model(prefix[:, :prompt], use_cache=True)
+    cache, z = out.past_key_values, out.logits[0, -1]
+    for j in range(prompt, prefix.shape[1]):
+        out = model(prefix[:, j:j + 1], past_key_values=cache, use_cache=True)
+        cache, z = out.past_key_values, out.logits[0, -1]
+    return z
+
+
+@torch.no_grad()
+def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor) -> Divergence | None:
+    """The first divergence of ``route`` from ``plain`` (outputs [1, prompt + n] of one prompt of
+    ``prompt`` tokens), or None where they agree."""
+    at = first_difference(plain, route, prompt)
+    if at is None:
+        return None
+    prefix = plain[:, :at]
+    steps = _one_token_steps(model, prefix, prompt).float()
+    batched = model(prefix).logits[0, -1].float()
+    a, b = int(plain[0, at]), int(route[0, at])
+    gap = float(steps[a] - steps[b])
+    spread = float((steps - batched).abs().max())
+    dtype = next(model.parameters()).dtype
+    return Divergence(position=at - prompt, plain=a, route=b, gap=gap, spread=spread,
+                      ulps=gap / ulp(float(steps[a]), dtype), near_tie=gap <= spread)
