@@ -173,7 +173,7 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
 def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              attention_mask=None, gamma: int | None = None, confidence: float | None = None,
-             speculate: bool = True, **config) -> torch.Tensor:
+             speculate: bool = True, lookup: bool | int = True, **config) -> torch.Tensor:
     """Decode with ``model`` drafting for itself in one fused loop; returns prompt + new ids
     ``[1, P + n]``, as ``model.generate`` does. The trimmed head drafts up to ``gamma`` tokens,
     stopping where its confidence drops below ``confidence``; the full head verifies the body's
@@ -182,6 +182,10 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     full head's argmax of every step; sampling (``do_sample=True``; ``temperature``, ``top_k``,
     ``top_p`` as ``model.generate`` applies them, None: off) is lossless in distribution by
     speculative sampling. Stops at ``max_new_tokens`` or the generation config's EOS.
+    ``lookup`` (default True) adds free drafts from the text repeating itself: where the text's
+    suffix occurred before, the tokens that followed it (up to 15, or ``lookup`` tokens) are
+    verified in one batched body pass, chosen per round over the trimmed self-draft by expected
+    tokens per ms (:mod:`trimpass.hf.lookup`); ``lookup=False`` drafts with the trimmed head alone.
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
@@ -190,19 +194,20 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     fused.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
                      top_p)
     buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model))
-    loop = _fused_loop(model, gamma, confidence, speculate, config)
+    loop = _fused_loop(model, gamma, confidence, speculate, fused.lookup_tokens(lookup), config)
     model._trimpass_fused = loop  # the one stats(model) reports
     sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
     return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model))
 
 
-def _fused_loop(model, gamma, confidence, speculate, config):
+def _fused_loop(model, gamma, confidence, speculate, lookup_tokens, config):
     """The fused loop of ``model`` for one setting, built on its first use and kept on the model."""
     from trimpass.hf import fused, selfdraft
     gamma = fused.GAMMA if gamma is None else gamma
     confidence = fused.CONFIDENCE if confidence is None else confidence
     selfdraft.check_schedule(gamma, confidence)
-    key = (gamma, float(confidence), bool(speculate), repr(sorted(config.items())))
+    key = (gamma, float(confidence), bool(speculate), lookup_tokens,
+           repr(sorted(config.items())))
     loops = model.__dict__.setdefault("_trimpass_loops", {})
     if key not in loops:  # each setting compiles its own step once, kept for its next call
         be = make_backend(**config)
@@ -211,12 +216,13 @@ def _fused_loop(model, gamma, confidence, speculate, config):
         def plain(gm, example_inputs):
             return compile_inner(gm, example_inputs, cfg.inner, cfg.mode, cfg.options)
 
-        loops[key] = fused.FusedLoop(model, gamma, confidence, speculate, be, plain)
+        loops[key] = fused.FusedLoop(model, gamma, confidence, speculate, be, plain,
+                                     lookup_tokens)
     return loops[key]
 
 
 def warm_up(model, draft=None, gamma: int | None = None, confidence: float | None = None,
-            speculate: bool = True, **config) -> float:
+            speculate: bool = True, lookup: bool | int = True, **config) -> float:
     """Compile, ahead of the first prompt, every graph a route runs; returns the seconds it took
     (0 when done already). No later prompt compiles anything, whatever its length.
     ``warm_up(model, ...)`` with :func:`generate`'s settings warms the fused loop (its first call
@@ -225,12 +231,14 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
     from trimpass.hf import fused, selfdraft
     fused.check_model(model)
     if draft is not None:
-        if gamma is not None or confidence is not None or config or not speculate:
+        if gamma is not None or confidence is not None or config or not speculate \
+                or lookup is not True:
             raise TrimpassError("warm_up: a self_drafter keeps its own settings; pass only "
                                 "model and draft")
         return selfdraft.warm_up(model, draft)
     with torch.no_grad():
-        return _fused_loop(model, gamma, confidence, speculate, config).warm_up()
+        return _fused_loop(model, gamma, confidence, speculate, fused.lookup_tokens(lookup),
+                           config).warm_up()
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

@@ -38,7 +38,8 @@ def test_greedy_is_the_plain_models_output_with_the_trimmed_head_drafting(name, 
     runs.check()
     st = trimpass.stats(model)  # the prefill and every body step ran the drafting step
     assert st["trimmed_calls"] == st["body_steps"]
-    assert runs.calls == st["body_steps"] - before["body_steps"] + 1
+    assert runs.calls == st["body_steps"] - before["body_steps"] + st["batched_passes"] \
+        - before["batched_passes"] + 1  # and every lookup verification, and the prefill
     assert st["rounds"] > 0
     if vocab == "static":  # 300 of 1,000 ids: drafts miss, and the cache rolls back
         assert st["accepted"] < st["drafted"] - 10
@@ -67,6 +68,7 @@ def test_the_confidence_gate_cuts_rounds_short():
     full = trimpass.stats(model)
     trimpass.generate(model, ids, 24, gamma=6, confidence=0.999, learn_core=64, **FAST)
     gated = trimpass.stats(model)
+    full, gated = full["sources"]["self"], gated["sources"]["self"]  # the trimmed head's rounds
     assert full["drafted"] / full["rounds"] > 2 and gated["drafted"] == gated["rounds"]
 
 

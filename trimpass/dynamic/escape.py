@@ -98,6 +98,7 @@ def top_ids(s: torch.Tensor, k: int) -> torch.Tensor:
     maxima, which hold every entry above the k-th largest value and enough entries equal to it.
     A V-wide ``topk`` costs ~260 us a row here; a block max and two short ``topk`` ~50."""
     N, V = s.shape
+    k = min(k, V)  # a vocabulary smaller than the escape's top-k
     nb = V // BLOCK
     if nb <= 2 * k:
         return s.topk(k, dim=1).indices

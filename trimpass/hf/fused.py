@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from trimpass.config import disabled
-from trimpass.hf import accept, buckets, selfdraft
+from trimpass.hf import accept, buckets, lookup, selfdraft
 from trimpass.hf.assisted import compiled_graphs
 from trimpass.loops.stats import LoopStats
 
@@ -33,6 +33,10 @@ log = logging.getLogger("trimpass")
 
 # the defaults: x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
 GAMMA, CONFIDENCE = 8, 0.4
+# lookup drafts: up to 15 tokens after the longest recurring suffix of up to 4 tokens, verified in
+# one pass of 16 rows (one static shape; a 16-row bf16 pass costs little more than one row here)
+LOOKUP_TOKENS, NGRAM = 15, 4
+VERIFY = LOOKUP_TOKENS + 1
 
 
 @dataclass
@@ -43,19 +47,32 @@ class FusedStats(LoopStats):
     rechecks: int = 0  # rows computed again alone at a near-tie
     warm_up_s: float = 0.0  # the first call's compile (every graph the loop runs)
     graphs: int = 0  # graphs that compile compiled
+    batched_passes: int = 0  # batched body passes verifying lookup drafts
+    lookup_rounds: int = 0  # of rounds, those that verified lookup drafts
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
 
     def as_dict(self) -> dict:
         return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
                     accepted=self.accepted, emitted=self.emitted, body_steps=self.body_steps,
                     trimmed_calls=self.trimmed_calls, verifications=self.verifications,
                     rechecks=self.rechecks, acceptance=self.acceptance, mat=self.mat,
-                    warm_up_s=self.warm_up_s, graphs=self.graphs)
+                    warm_up_s=self.warm_up_s, graphs=self.graphs,
+                    batched_passes=self.batched_passes,
+                    passes_per_token=(self.body_steps + self.batched_passes)
+                    / max(self.emitted, 1),
+                    sources=dict(
+                        lookup=dict(rounds=self.lookup_rounds, drafted=self.lookup_drafted,
+                                    accepted=self.lookup_accepted),
+                        self=dict(rounds=self.rounds - self.lookup_rounds,
+                                  drafted=self.drafted - self.lookup_drafted,
+                                  accepted=self.accepted - self.lookup_accepted)))
 
 
 class _Step(torch.nn.Module):
-    """One pass of ``model``'s body over new ids; returns the hidden state of row ``row`` (a
-    one-element tensor: the last real row of a padded chunk, a graph input, not a constant) and,
-    with a head, its logits (the graph trimpass trims)."""
+    """One pass of ``model``'s body over new ids; returns every row's hidden state, that of row
+    ``row`` (a one-element tensor: the last real row of a padded chunk, a graph input, not a
+    constant) and, with a head, its logits (the graph trimpass trims)."""
 
     def __init__(self, model, head: bool):
         super().__init__()
@@ -68,12 +85,13 @@ class _Step(torch.nn.Module):
         self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
 
     def step(self, ids, position_ids, row, cache):
-        h = self.body(input_ids=ids, position_ids=position_ids, past_key_values=cache,
-                      use_cache=True).last_hidden_state.index_select(1, row)[:, 0]
+        hs = self.body(input_ids=ids, position_ids=position_ids, past_key_values=cache,
+                       use_cache=True).last_hidden_state[0]
+        h = hs.index_select(0, row)
         if self.head is None:
-            return h, None
+            return hs, h, None
         z = self.head(h)
-        return h, torch.tanh(z / self.cap) * self.cap if self.cap else z
+        return hs, h, torch.tanh(z / self.cap) * self.cap if self.cap else z
 
 
 def check_model(model) -> None:
@@ -91,6 +109,19 @@ def check_model(model) -> None:
 def _int(name, value, lo, what):
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name}: {what}, an int >= {lo}, got {value!r}")
+
+
+def lookup_tokens(lookup) -> int:
+    """``generate``'s ``lookup`` as the most tokens a lookup draft proposes (0: off)."""
+    if lookup is True:
+        return LOOKUP_TOKENS
+    if lookup is False:
+        return 0
+    if isinstance(lookup, int) and 1 <= lookup <= LOOKUP_TOKENS:
+        return lookup
+    raise ValueError(f"lookup: True (drafts of up to {LOOKUP_TOKENS} tokens from the text "
+                     f"repeating itself), False (off), or the most tokens a draft proposes, an "
+                     f"int in [1, {LOOKUP_TOKENS}]; got {lookup!r}")
 
 
 def check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
@@ -150,23 +181,29 @@ class FusedLoop:
     """The loop for one model and one set of settings: its compiled step, static cache and
     counters (one per setting, kept on the model; ``model._trimpass_fused`` is the latest)."""
 
-    def __init__(self, model, gamma: int, confidence: float, speculate: bool, backend, plain):
+    def __init__(self, model, gamma: int, confidence: float, speculate: bool, backend, plain,
+                 lookup_tokens: int = 0):
         """``backend`` compiles the drafting step (its trimmed head); ``plain`` (the inner
         compiler alone) the head-less step of plain decoding, used when ``speculate`` is False or
-        trimpass is disabled."""
+        trimpass is disabled. ``lookup_tokens`` > 0 adds lookup drafts of up to that many tokens,
+        verified in one batched pass (:mod:`trimpass.hf.lookup`)."""
         self.model, self.gamma, self.confidence = model, gamma, float(confidence)
         self.speculate, self.backend = speculate and not disabled(), backend
+        self.lookup_tokens = lookup_tokens if self.speculate else 0
         self.step = _Step(model, head=self.speculate).eval()
         self.step.compile(backend=backend if self.speculate else plain)
         self.head = accept.FullHead(model)
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
         self.stats = FusedStats(name="fused")
+        self.chooser = lookup.Chooser(gamma)
         self.warmed = False
 
     def _fresh_cache(self, prompt: int, new: int) -> Cache:
         """An empty cache of the bucket for a prompt of ``prompt`` tokens and ``new`` more (a new
         bucket is a new cache, not a new graph: the length dimension is dynamic in both graphs)."""
-        capacity = buckets.capacity_for(max(prompt + new, buckets.padded(prompt)), self.context)
+        extra = VERIFY if self.lookup_tokens else 0  # a verification's padded rows
+        capacity = buckets.capacity_for(max(prompt + new + extra, buckets.padded(prompt)),
+                                        self.context)
         if capacity != self.capacity:
             self.cache, self.capacity = None, 0  # the old bucket's memory first
             self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
@@ -181,7 +218,18 @@ class FusedLoop:
         positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
         if self.context is not None:  # a padded chunk's last rows (overwritten later)
             positions.clamp_(max=self.context - 1)
-        return self.step(ids, positions, torch.tensor([row], device=ids.device), self.cache)
+        return self.step(ids, positions, torch.tensor([row], device=ids.device), self.cache)[1:]
+
+    def _verify(self, tokens: list[int], at: int) -> torch.Tensor:
+        """Every row's hidden state of one body pass over ``tokens`` from position ``at``, padded
+        to ``lookup.VERIFY`` rows with its last token (the pad's keys are rolled back after)."""
+        ids = torch.tensor([tokens + tokens[-1:] * (VERIFY - len(tokens))],
+                           device=self.head.weight.device)
+        positions = torch.arange(at, at + VERIFY, device=ids.device).unsqueeze(0)
+        if self.context is not None:
+            positions.clamp_(max=self.context - 1)
+        row = torch.tensor([len(tokens) - 1], device=ids.device)
+        return self.step(ids, positions, row, self.cache)[0][:len(tokens)].clone()
 
     def _prefill(self, ids: torch.Tensor):
         """The prompt in chunks of ``buckets.CHUNK`` tokens, the last padded with its own last
@@ -210,6 +258,11 @@ class FusedLoop:
             ids = torch.zeros(1, 1, dtype=torch.long, device=device)
             self._prefill(ids)
             self._run(ids, 1)
+            if self.lookup_tokens:
+                self._verify([0, 0], 2)
+                for kind, run in (("step_ms", lambda: self._run(ids, 1)),
+                                  ("verify_ms", lambda: self._verify([0, 0], 2))):
+                    self.chooser.time(kind, _best_ms(run))  # the chooser's first costs
             if state is None:
                 state = self.backend.state_for(self.step) if self.speculate else None
             if state is not None and state.V is not None:
@@ -253,12 +306,58 @@ class FusedLoop:
             new = d[:n].tolist() + ([fix] if fix is not None else [])
         s.accepted += n
         self._rollback(at + len(new))
+        self.chooser.self_tokens.add(0, len(new))
+        self.chooser.self_steps.add(0, k)
+        return new
+
+    def _lookup_round(self, token: int, proposal: list[int], match: int, at: int, sampler):
+        """Verify a lookup ``proposal`` after the pending ``token`` at ``at`` in one batched body
+        pass; keep its longest agreeing prefix and the full head's own next token (greedy), or
+        each drafted token with the target's probability (a point-mass draft, sampling)."""
+        k, H = len(proposal), self._verify([token, *proposal], at)
+        d = torch.tensor(proposal, device=H.device)
+        if sampler is None:
+            target, again = accept.greedy(self.head, H)
+            self.stats.rechecks += again
+            n = int(torch.ne(target[:k], d).cumsum(0).eq(0).sum())
+            new = proposal[:n] + [int(target[n])]
+        else:
+            p = sampler.target(self.head(H))
+            q = torch.nn.functional.one_hot(d, p.shape[1]).to(p.dtype)
+            n, fix = accept.speculative(p[:k], q, d)
+            new = proposal[:n] + [fix if fix is not None else int(torch.multinomial(p[k], 1))]
+        s = self.stats
+        s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + k, s.accepted + n
+        s.verifications, s.batched_passes = s.verifications + 1, s.batched_passes + 1
+        s.lookup_rounds, s.lookup_drafted = s.lookup_rounds + 1, s.lookup_drafted + k
+        s.lookup_accepted += n
+        self.chooser.lookup.add(min(match, 4), len(new))
+        self._rollback(at + len(new))
         return new
 
     def _plain(self, token, at: int, sampler):
         h, _ = self._run(token.view(1, 1), at)
         self.stats.body_steps += 1
         return [self._first(h, sampler)]
+
+    def _next(self, token: int, at: int, budget: int, sampler, text: lookup.Lookup):
+        """One round from the pending ``token`` at ``at``: lookup where its expected tokens per ms
+        beat the trimmed self-draft's, else the self-draft; each timed for the choice."""
+        t0 = time.perf_counter()
+        if not self.speculate:
+            return self._plain(torch.tensor([token], device=self.head.weight.device), at, sampler)
+        if self.lookup_tokens and budget > 1:
+            proposal, match = text.propose(budget - 1)
+            if proposal and self.chooser.use_lookup(match):
+                new = self._lookup_round(token, proposal, match, at, sampler)
+                self.chooser.time("verify_ms", 1e3 * (time.perf_counter() - t0))
+                return new
+        steps = self.stats.body_steps
+        new = self._round(torch.tensor([token], device=self.head.weight.device), at, budget,
+                          sampler)
+        ms = 1e3 * (time.perf_counter() - t0)
+        self.chooser.time("step_ms", ms / max(self.stats.body_steps - steps, 1))
+        return new
 
     def _first(self, h, sampler) -> int:
         """The full head's own token from one hidden state (the prefill's, plain decoding's)."""
@@ -278,13 +377,13 @@ class FusedLoop:
         ids = input_ids.to(self.head.weight.device)
         h, _ = self._prefill(ids)
         out = [self._first(h, sampler)]
+        text = lookup.Lookup(self.lookup_tokens, NGRAM)
+        self.chooser.new_request()
+        text.extend(input_ids[0].tolist() + out)
         while len(out) < max_new_tokens and out[-1] not in eos:
-            token = torch.tensor([out[-1]], device=ids.device)
-            at = P + len(out) - 1
-            budget = max_new_tokens - len(out)
-            new = self._round(token, at, budget, sampler) if self.speculate \
-                else self._plain(token, at, sampler)
+            new = self._next(out[-1], P + len(out) - 1, max_new_tokens - len(out), sampler, text)
             out += new
+            text.extend(new)
         for i, t in enumerate(out):
             if t in eos:
                 out = out[:i + 1]
@@ -292,6 +391,16 @@ class FusedLoop:
         self.stats.emitted += len(out)
         tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, tail], dim=1)
+
+
+def _best_ms(run, tries: int = 3) -> float:
+    """The fastest of a few calls, in ms (the first calls of a compiled graph run slow)."""
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t)
+    return 1e3 * best
 
 
 def eos_ids(model) -> set[int]:

@@ -1,0 +1,172 @@
+"""Lookup drafts beside trimmed self-drafts (``trimpass.generate``'s default) against its peers, on
+three prompt sets, side by side in one run: the real Gemma-3-270M decoding greedily as the plain
+target (Hugging Face ``generate``), with Hugging Face prompt lookup, in the fused loop drafting with
+its trimmed head alone (``lookup=False``), in the hybrid (lookup and trimmed self-drafts, chosen per
+round), and a forced no-match control (lookup on, its proposals discarded: its overhead alone).
+Sets, all held out of training: ``chat`` (ShareGPT prompts), ``copy`` (a stdlib source file to
+rewrite with type hints: the reply copies its prompt), ``free`` (ShareGPT prompts asking to write,
+compose or translate). Each prompt runs every row in turn. Per set and row: tokens/s against plain
+and against the better of lookup and the fused loop, body passes per token, and outputs equal to
+plain greedy. Prints markdown tables and writes a PNG.
+
+    python bench/hybrid.py --dtype bf16
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import time
+
+import torch
+
+SETS = ("chat", "copy", "free")
+
+
+def _args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
+    ap.add_argument("--new-tokens", type=int, default=128, help="tokens per prompt")
+    ap.add_argument("--prompt-tokens", type=int, default=320, help="prompt length cap")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--out", default="out", help="folder for hybrid_<dtype>.png")
+    a = ap.parse_args(argv)
+    for name in ("prompts", "new_tokens", "prompt_tokens"):
+        if getattr(a, name) < 1:
+            ap.error(f"argument --{name.replace('_', '-')}: must be >= 1")
+    return a
+
+
+def prompt_sets(tok, n: int, cap: int) -> dict[str, list[list[int]]]:
+    """``n`` held-out prompts per set, each a chat turn cut to ``cap`` tokens; ``warm`` holds one
+    more chat prompt for the warm-up."""
+    from trimpass.select.corpora import held_out, held_out_chats, read
+    chats = [d.prompt for d in itertools.islice(held_out_chats("sharegpt"), 400)]
+    free = [p for p in chats if p.lstrip().lower().startswith(("write", "compose", "translate",
+                                                                "create a story", "tell a story"))]
+    code = (d.text for d in read("stdlib") if held_out(d.doc_id) and 2000 < len(d.text) < 20000)
+    copy = ["Rewrite this Python code with type hints added, and change nothing else:\n\n"
+            + t[:cap * 3] for t in itertools.islice(code, n)]
+    plain_chats = [p for p in chats if p not in free]
+    return {"chat": [tok.chat(p, cap) for p in plain_chats[:n]],
+            "copy": [tok.chat(p, cap) for p in copy],
+            "free": [tok.chat(p, cap) for p in free[:n]],
+            "warm": [tok.chat(plain_chats[n], cap)]}
+
+
+class Row:
+    def __init__(self, name, run, loop_key=None):
+        self.name, self.run, self.loop_key = name, run, loop_key
+        self.seconds, self.tokens, self.outs, self.passes, self.prev = {}, {}, {}, {}, None
+
+
+def _rows(model, n):
+    import trimpass
+    from trimpass.hf import lookup
+
+    class NoMatch(lookup.Lookup):
+        def propose(self, limit):
+            super().propose(limit)  # its cost, its answer discarded
+            return [], 0
+
+    def fused(**kw):
+        return lambda ids: trimpass.generate(model, ids, n, **kw)
+
+    def control(ids):
+        real, lookup.Lookup = lookup.Lookup, NoMatch
+        try:
+            return trimpass.generate(model, ids, n, lookup=14)
+        finally:
+            lookup.Lookup = real
+
+    return [
+        Row("plain target (HF generate)",
+            lambda ids: model.generate(ids, do_sample=False, max_new_tokens=n)),
+        Row("HF prompt lookup (10 tokens)", lambda ids: model.generate(
+            ids, do_sample=False, max_new_tokens=n, prompt_lookup_num_tokens=10)),
+        Row("fused loop, trimmed self-drafts alone (lookup=False)", fused(lookup=False), False),
+        Row("fused loop, lookup + trimmed self-drafts (default)", fused(), True),
+        Row("control: lookup on, proposals discarded", control, 14),
+    ]
+
+
+@torch.no_grad()
+def main(argv=None) -> int:
+    a = _args(argv)
+    import transformers
+
+    from trimpass.hf import gemma as G
+    transformers.logging.set_verbosity_error()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log = logging.getLogger("bench.hybrid")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    model = G.load_model(dtype)
+    sets = prompt_sets(G.GGUFTokenizer(), a.prompts, a.prompt_tokens)
+    rows = _rows(model, a.new_tokens)
+    for r in rows:
+        log.info("warm-up: %s", r.name)
+        r.run(torch.tensor(sets["warm"]))
+        r.prev = model._trimpass_fused.stats.as_dict() if r.loop_key is not None else None
+    started, total = time.perf_counter(), sum(len(sets[s]) for s in SETS)
+    done = 0
+    for s in SETS:
+        for p in sets[s]:
+            ids = torch.tensor([p])
+            for r in rows:
+                t = time.perf_counter()
+                out = r.run(ids)
+                dt = time.perf_counter() - t
+                k = out.shape[1] - ids.shape[1]
+                r.seconds[s] = r.seconds.get(s, 0.0) + dt
+                r.tokens[s] = r.tokens.get(s, 0) + k
+                r.outs.setdefault(s, []).append(out)
+                if r.loop_key is not None:  # this row's own loop's counters, this call's share
+                    st = model._trimpass_fused.stats.as_dict()
+                    d = {key: st[key] - r.prev[key] for key in ("body_steps", "batched_passes")}
+                    r.passes[s] = r.passes.get(s, 0) + d["body_steps"] + d["batched_passes"]
+                    r.prev = st
+            done += 1
+            left = (time.perf_counter() - started) / done * (total - done)
+            log.info("%s prompt done (%d/%d); about %.0f s left", s, done, total, left)
+    _report(rows, a, model)
+    return 0
+
+
+def _report(rows, a, model):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plain, hf_lookup, alone = rows[0], rows[1], rows[2]
+    fig, axes = plt.subplots(1, len(SETS), figsize=(12, 3.6), dpi=120, sharey=True)
+    for s, ax in zip(SETS, axes, strict=True):
+        tps = {r.name: r.tokens[s] / r.seconds[s] for r in rows}
+        best_peer = max(tps[hf_lookup.name], tps[alone.name])
+        print(f"\nset {s}: Gemma-3-270M {a.dtype}, {len(plain.outs[s])} prompts x "
+              f"{a.new_tokens} tokens, greedy")
+        print("| row | tokens/s | x plain | x better of lookup and fused | body passes / token |"
+              " = plain greedy |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            same = sum(torch.equal(x, y) for x, y in zip(r.outs[s], plain.outs[s], strict=True))
+            passes = f"{r.passes[s] / r.tokens[s]:.2f}" if r.passes.get(s) else "-"
+            print(f"| {r.name} | {tps[r.name]:.2f} | x{tps[r.name] / tps[plain.name]:.2f} | "
+                  f"x{tps[r.name] / best_peer:.2f} | {passes} | {same}/{len(plain.outs[s])} |")
+        ax.barh(range(len(rows)), [tps[r.name] / tps[plain.name] for r in rows],
+                color=["tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:olive"])
+        ax.axvline(1.0, color="black", ls="--", lw=1)
+        ax.set_title(f"{s} prompts", fontsize=9)
+        ax.set_xlabel("tokens/s ÷ plain target's", fontsize=8)
+    axes[0].set_yticks(range(len(rows)), [r.name for r in rows], fontsize=7)
+    axes[0].invert_yaxis()
+    fig.suptitle(f"Gemma-3-270M, {a.dtype}, greedy, {a.new_tokens} new tokens", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"hybrid_{a.dtype}.png")
+    fig.savefig(path)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""Lookup drafts in the fused loop: the proposer finds the longest recurring suffix and what
+followed its latest occurrence; greedy output stays the plain loop's and Hugging Face's with lookup
+drafts accepted and the trimmed head drafting in the very same call; ``lookup=False`` and
+``TRIMPASS_DISABLE=1`` switch off what they name; sampling with point-mass lookup drafts passes the
+chi-square test against the model's exact distribution; a bad lookup setting is refused."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import trimpass
+from tests.graph.test_hf import V
+from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals
+from trimpass.hf.lookup import Chooser, Lookup
+
+
+def test_the_longest_recurring_suffix_proposes_what_followed_it_last():
+    text = Lookup(tokens=3, ngram=4)
+    text.extend([5, 6, 7, 8, 1, 6, 7, 9, 2, 6, 7])
+    assert text.propose(10) == ([9, 2, 6], 2)  # "6 7" last ended before 9; "1 6 7" never recurs
+    text.extend([9])
+    assert text.propose(10) == ([2, 6, 7], 3)  # "6 7 9" now recurs
+    assert text.propose(1) == ([2], 3)  # the budget caps the proposal
+    fresh = Lookup(tokens=3, ngram=4)
+    fresh.extend([1, 2, 3])
+    assert fresh.propose(10) == ([], 0)
+
+
+def test_the_choice_follows_tokens_per_ms():
+    c = Chooser(gamma=8)
+    c.time("step_ms", 10.0)
+    c.time("verify_ms", 12.0)
+    assert not c.use_lookup(0)  # nothing recurs: nothing to verify
+    for _ in range(20):  # self-drafts emit 6 tokens in 6 steps (0.1 tokens/ms)
+        c.self_tokens.add(0, 6)
+        c.self_steps.add(0, 6)
+    for _ in range(20):  # one-token matches keep nothing: 1 token in 12 ms
+        c.lookup.add(1, 1)
+    assert not c.use_lookup(1)
+    for _ in range(20):  # four-token matches keep 5: 6 tokens in 12 ms
+        c.lookup.add(4, 6)
+    assert c.use_lookup(4) and c.use_lookup(7)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama"])
+def test_greedy_with_lookup_is_the_plain_output_with_both_sources_in_the_call(name):
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    model = MODELS[name]().eval()
+    ids = torch.randint(0, V, (1, 12)).repeat(1, 3)  # a prompt that repeats itself
+    trimpass.generate(model, ids, 48, gamma=4, learn_core=64, **FAST)
+    before = trimpass.stats(model)
+    got = trimpass.generate(model, ids, 48, gamma=4, learn_core=64, **FAST)
+    st = trimpass.stats(model)
+    look = st["sources"]["lookup"]["accepted"] - before["sources"]["lookup"]["accepted"]
+    own = st["sources"]["self"]["rounds"] - before["sources"]["self"]["rounds"]
+    assert look > 0, "no lookup draft was kept in this call"
+    assert st["trimmed_calls"] > before["trimmed_calls"] and own >= 0
+    assert st["batched_passes"] > before["batched_passes"]
+    plain = trimpass.generate(model, ids, 48, speculate=False, **FAST)
+    assert torch.equal(got, plain) and torch.equal(got, _decode(model, ids, 48))
+
+
+def test_lookup_false_and_disable_switch_off_what_they_name(monkeypatch):
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    model = MODELS["llama"]().eval()
+    ids = torch.randint(0, V, (1, 10)).repeat(1, 3)
+    want = _decode(model, ids, 30)
+    got = trimpass.generate(model, ids, 30, lookup=False, gamma=4, learn_core=64, **FAST)
+    st = trimpass.stats(model)
+    assert st["sources"]["lookup"]["rounds"] == 0 and st["batched_passes"] == 0
+    assert st["rounds"] > 0
+    assert torch.equal(got, want)
+    monkeypatch.setenv("TRIMPASS_DISABLE", "1")
+    torch._dynamo.reset()
+    other = MODELS["llama"]().eval()
+    other.load_state_dict(model.state_dict())
+    assert torch.equal(trimpass.generate(other, ids, 30, **FAST), want)
+    st = trimpass.stats(other)
+    assert (st["rounds"], st["batched_passes"], st["trimmed_calls"]) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("bad", [0, 16, -1, 2.5, "yes"])
+def test_a_bad_lookup_setting_is_refused_before_any_compute(bad):
+    model = MODELS["llama"]().eval()
+    with pytest.raises(ValueError, match=r"lookup: True .* an int in \[1, 15\]"):
+        trimpass.generate(model, torch.randint(0, V, (1, 5)), 4, lookup=bad, **FAST)
+    assert not hasattr(model, "_trimpass_fused")
+
+
+def test_sampling_with_lookup_drafts_emits_the_models_own_distribution():
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+    from trimpass.testing.stats import chi_square_p
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    Vs, n, steps = 16, 1500, 3
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=Vs, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1)).eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+    ids = torch.randperm(Vs).unsqueeze(0)  # every id once: each new token recurs, so lookup
+    warp = LogitsProcessorList([TemperatureLogitsWarper(0.8)])
+    want = _exact_marginals(model, ids, steps, warp)
+    active = torch.arange(0, Vs, 2)  # proposes from the first round; the trimmed head, even ids
+    got = torch.stack([trimpass.generate(model, ids, steps, do_sample=True, temperature=0.8,
+                                         vocab=active, gamma=3, confidence=0.0, **FAST)[0, Vs:]
+                       for _ in range(n)])
+    look = trimpass.stats(model)["sources"]["lookup"]
+    assert 0 < look["accepted"] < look["drafted"]  # lookup drafts kept and rejected
+    for j in range(steps):
+        assert chi_square_p(torch.bincount(got[:, j], minlength=Vs), want[j]) > 1e-3, f"token {j}"

@@ -1,0 +1,88 @@
+"""Free drafts from the text repeating itself, and the choice between them and the trimmed head.
+
+:class:`Lookup` keeps an index of a request's own tokens (prompt and output so far): for every
+n-gram of up to ``ngram`` tokens, the latest place it ended with a token after it. Each round it
+finds the longest suffix of the text that occurred earlier and proposes up to ``tokens`` tokens
+that followed it there, at no body step. The fused loop verifies them in one batched body pass.
+
+:class:`Chooser` picks a round's source by expected tokens per millisecond, from costs the loop
+times on this machine (a one-token body step, a batched verification pass) and the request's own
+record: tokens emitted per lookup round by match length, and per trimmed self-draft round with the
+steps it took. A lookup round emits ``1 + E[accepted | match length]`` tokens for one batched pass;
+a self-draft round emits its recorded tokens per round for its recorded steps. The rule and its
+arithmetic: ``docs/fused.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class Lookup:
+    """Prompt lookup over one request's tokens, kept incrementally (``extend`` as tokens arrive)."""
+
+    def __init__(self, tokens: int, ngram: int):
+        self.tokens, self.ngram = tokens, ngram
+        self.seq: list[int] = []
+        self.follow: dict[tuple, int] = {}  # n-gram -> index of the token that followed it last
+
+    def extend(self, ids) -> None:
+        for t in ids:
+            self.seq.append(int(t))
+            i = len(self.seq) - 1  # the n-grams ending just before i now have a follower
+            for n in range(1, min(self.ngram, i) + 1):
+                self.follow[tuple(self.seq[i - n:i])] = i
+
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to ``min(tokens, limit)`` tokens that followed the longest earlier occurrence of the
+        text's suffix, and that suffix's length (0 and no tokens where nothing recurs)."""
+        for n in range(min(self.ngram, len(self.seq)), 0, -1):
+            at = self.follow.get(tuple(self.seq[-n:]))
+            if at is not None:
+                return self.seq[at:at + min(self.tokens, limit)], n
+        return [], 0
+
+
+@dataclass
+class Record:
+    """Tokens emitted and rounds, per source and match length (a prior of ``prior`` tokens a round
+    worth one round, so a source is tried before the record speaks)."""
+    prior: float
+    tokens: dict = field(default_factory=dict)
+    rounds: dict = field(default_factory=dict)
+
+    def add(self, key, emitted: int) -> None:
+        self.tokens[key] = self.tokens.get(key, 0) + emitted
+        self.rounds[key] = self.rounds.get(key, 0) + 1
+
+    def mean(self, key) -> float:
+        return (self.tokens.get(key, 0) + self.prior) / (self.rounds.get(key, 0) + 1)
+
+
+class Chooser:
+    """Lookup or trimmed self-draft, by expected tokens per ms; the record is the request's own,
+    the costs running means of the loop's own timings (``step_ms``: a one-token body step with its
+    trimmed head; ``verify_ms``: a batched verification pass), first taken at the warm-up."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+        self.step_ms = self.verify_ms = None  # the machine's: kept across requests
+        self.new_request()
+
+    def new_request(self) -> None:
+        """Forget the last request's record (its text is not this one's); keep the costs."""
+        self.lookup = Record(prior=2.0)  # keyed by match length (capped at 4)
+        self.self_tokens = Record(prior=self.gamma / 2)
+        self.self_steps = Record(prior=self.gamma / 2)
+
+    def time(self, kind: str, ms: float) -> None:
+        old = getattr(self, kind)
+        setattr(self, kind, ms if old is None else 0.9 * old + 0.1 * ms)
+
+    def use_lookup(self, match: int) -> bool:
+        if match == 0:
+            return False
+        step = self.step_ms or 1.0
+        verify = self.verify_ms or step
+        per_ms_lookup = self.lookup.mean(min(match, 4)) / verify
+        per_ms_self = self.self_tokens.mean(0) / (self.self_steps.mean(0) * step)
+        return per_ms_lookup >= per_ms_self
