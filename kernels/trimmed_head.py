@@ -140,6 +140,7 @@ def prune_configs(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
+KERNEL = _trimmed_head_kernel  # the untuned kernel, for builds ahead of time (its GPU check)
 _tuned_kernel = triton.autotune(
     configs=_INTERPRET_CONFIGS if INTERPRET else CONFIGS,
     key=["M_BUCKET", "D", "CAP", "SCATTER"],

@@ -81,6 +81,9 @@ NUM_WARPS = 16  # the capacity-wide sort's keys (4,096 int64) spread over 512 th
 # need 255 registers and spill, and build for 90 s on sm_80
 
 
+KERNEL = _admit_kernel  # for builds ahead of time (the GPU build check)
+
+
 def new_pool(rows: int, capacity: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A pool of ``rows`` empty request rows: ``idx`` (ids) and ``stamp`` (-1: never seen), each
     ``[rows, capacity + SCRATCH]`` int64."""

@@ -133,7 +133,10 @@ def stats(draft) -> dict:
     ``learned``, ``calls`` (admissions), ``requests`` (engine-bound rows) and ``bytes_per_row``.
     For a model :func:`generate` decoded: ``mode`` "fused", the loop's counters summed over its
     calls (``rounds``, ``drafted``, ``accepted``, ``emitted``, ``body_steps``, ``trimmed_calls``,
-    ``verifications``, ``rechecks``, ``acceptance``, ``mat``) and ``drafter``, its step's stats.
+    ``verifications``, ``rechecks``, ``acceptance``, ``mat``, ``batched_passes`` (lookup
+    verifications), ``passes_per_token``, ``sources`` (rounds, drafted and accepted of ``lookup``
+    and of the trimmed ``self``-draft apart), ``warm_up_s`` and ``graphs`` (the first call's
+    compile)) and ``drafter``, its step's stats.
     """
     loop = getattr(draft, "_trimpass_fused", None)
     if loop is not None:  # a model trimpass.generate decoded: the loop's counters

@@ -29,12 +29,14 @@ def test_greedy_is_the_plain_models_output_with_the_trimmed_head_drafting(name, 
     model = WINDOW[name]().eval()
     ids = torch.randint(0, V, (1, 7))
     settings = dict(vocab=torch.randperm(V)[:300]) if vocab == "static" else dict(learn_core=64)
-    got = trimpass.generate(model, ids, 40, gamma=4, confidence=0.0, **settings, **FAST)
+    alone = dict(lookup=False)  # the trimmed head drafts every round (lookup: test_lookup.py)
+    got = trimpass.generate(model, ids, 40, gamma=4, confidence=0.0, **alone, **settings, **FAST)
     loop = model._trimpass_fused
     assert _tensors(loop.step) <= _tensors(model)  # the model's own tensors, none copied
     before = trimpass.stats(model)
     with head_runs(loop.step) as runs:  # a second call: every step's head trimmed
-        again = trimpass.generate(model, ids, 40, gamma=4, confidence=0.0, **settings, **FAST)
+        again = trimpass.generate(model, ids, 40, gamma=4, confidence=0.0, **alone, **settings,
+                                  **FAST)
     runs.check()
     st = trimpass.stats(model)  # the prefill and every body step ran the drafting step
     assert st["trimmed_calls"] == st["body_steps"]
@@ -151,19 +153,26 @@ def _exact_marginals(model, ids, steps, warp):
     return out
 
 
+def peaked_llama(Vs: int):
+    """A one-layer Llama over ``Vs`` ids whose distributions are peaked enough for drafts to be
+    kept often, with no EOS (every path runs all its tokens)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=Vs, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1)).eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+    return model
+
+
 def test_sampling_emits_the_models_own_distribution():
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
     from trimpass.testing.stats import chi_square_p
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     Vs, n, steps = 16, 1500, 3
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=Vs, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=1)).eval()
-    model.generation_config.eos_token_id = None  # every path runs its three tokens
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40)  # peaked enough for the trimmed draft to be kept often
+    model = peaked_llama(Vs)
     ids = torch.randint(0, Vs, (1, 4))
     warp = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(10)])
     want = _exact_marginals(model, ids, steps, warp)

@@ -5,11 +5,10 @@ drafts accepted and the trimmed head drafting in the very same call; ``lookup=Fa
 chi-square test against the model's exact distribution; a bad lookup setting is refused."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import trimpass
 from tests.graph.test_hf import V
-from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals
+from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals, peaked_llama
 from trimpass.hf.lookup import Chooser, Lookup
 
 
@@ -92,15 +91,8 @@ def test_sampling_with_lookup_drafts_emits_the_models_own_distribution():
     from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
     from trimpass.testing.stats import chi_square_p
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     Vs, n, steps = 16, 1500, 3
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=Vs, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=1)).eval()
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40)
+    model = peaked_llama(Vs)
     ids = torch.randperm(Vs).unsqueeze(0)  # every id once: each new token recurs, so lookup
     warp = LogitsProcessorList([TemperatureLogitsWarper(0.8)])
     want = _exact_marginals(model, ids, steps, warp)

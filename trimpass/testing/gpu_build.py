@@ -210,7 +210,7 @@ def head_builds(archs, dtypes, heads, rows, modes, planted=()):
     """Every (arch, dtype, head, M, mode) x every config the autotuner keeps for that M, plus the
     ``planted`` configs at every M."""
     from trimpass.kernels import trimmed_head as th
-    fn = jit_function(th._trimmed_head_kernel)
+    fn = jit_function(th.KERNEL)
     for arch in archs:
         for dt in dtypes:
             for head in heads:
@@ -236,7 +236,7 @@ def head_builds(archs, dtypes, heads, rows, modes, planted=()):
 def admit_builds(archs, ids_per_row):
     """The admission kernel at the default capacity, one batch position, each block of ids."""
     from trimpass.kernels import vocab_state as vs
-    fn = jit_function(vs._admit_kernel)
+    fn = jit_function(vs.KERNEL)
     idx = torch.empty(1, CAPACITY + vs.SCRATCH, device="meta", dtype=torch.int64)
     i32 = dict(device="meta", dtype=torch.int32)
     i64 = dict(device="meta", dtype=torch.int64)
