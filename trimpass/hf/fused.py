@@ -222,7 +222,7 @@ class FusedLoop:
 
     def _verify(self, tokens: list[int], at: int) -> torch.Tensor:
         """Every row's hidden state of one body pass over ``tokens`` from position ``at``, padded
-        to ``lookup.VERIFY`` rows with its last token (the pad's keys are rolled back after)."""
+        to ``VERIFY`` rows with its last token (the pad's keys are rolled back after)."""
         ids = torch.tensor([tokens + tokens[-1:] * (VERIFY - len(tokens))],
                            device=self.head.weight.device)
         positions = torch.arange(at, at + VERIFY, device=ids.device).unsqueeze(0)
@@ -232,7 +232,7 @@ class FusedLoop:
         return self.step(ids, positions, row, self.cache)[0][:len(tokens)].clone()
 
     def _prefill(self, ids: torch.Tensor):
-        """The prompt in chunks of ``buckets.CHUNK`` tokens, the last padded with its own last
+        """The prompt in chunks of ``buckets.CHUNK`` tokens, the last padded with the prompt's last
         token (no new id reaches the active set); returns the last real row's (h, logits)."""
         P, C = ids.shape[1], buckets.CHUNK
         for start in range(0, P, C):
@@ -245,8 +245,9 @@ class FusedLoop:
         return h, z
 
     def warm_up(self) -> float:
-        """Compile every graph the loop runs (the chunk, the one-token step) on a scratch request
-        of the smallest bucket; returns the seconds it took (0 if they were compiled already)."""
+        """Compile every graph the loop runs (the chunk, the one-token step and, with lookup, the
+        verification pass) on a scratch request of the smallest bucket, and time each for the
+        chooser; returns the seconds it took (0 if they were compiled already)."""
         if self.warmed:
             return 0.0
         t0 = time.perf_counter()
