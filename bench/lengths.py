@@ -172,7 +172,7 @@ def main(argv=None) -> int:
           "near-tie / not (gap in ulps) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in routes:
-        ratios = [(pt / ps) / (rt / rs) for (pt, ps), (rt, rs), n in
+        ratios = [(rt / rs) / (pt / ps) for (pt, ps), (rt, rs), n in
                   zip(plain.per_prompt, r.per_prompt, lens, strict=True) if n >= 150]
         ties, bugs, gaps = 0, 0, []
         same = 0
