@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 # 64 rows keep a chunk's matmuls efficient (bf16 AMX tiles are 16 rows) while a short prompt pays
-# little for its padding: a 64-token pass cost 1.6x a one-token step here (docs/fused.md)
+# little for its padding: about 73 ms a chunk against 35 ms a one-token step (real Gemma-3, bf16)
 CHUNK = 64
 MIN_CAPACITY = 256
 

@@ -34,7 +34,7 @@ log = logging.getLogger("trimpass")
 # the defaults: x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
 GAMMA, CONFIDENCE = 8, 0.4
 # lookup drafts: up to 15 tokens after the longest recurring suffix of up to 4 tokens, verified in
-# one pass of 16 rows (one static shape; a 16-row bf16 pass costs little more than one row here)
+# one pass of 16 rows (one static shape, whose cost the loop times against a one-token step)
 LOOKUP_TOKENS, NGRAM = 15, 4
 VERIFY = LOOKUP_TOKENS + 1
 
@@ -378,7 +378,7 @@ class FusedLoop:
         ids = input_ids.to(self.head.weight.device)
         h, _ = self._prefill(ids)
         out = [self._first(h, sampler)]
-        text = lookup.Lookup(self.lookup_tokens, NGRAM)
+        text = lookup.Lookup(self.lookup_tokens, NGRAM if self.lookup_tokens else 0)
         self.chooser.new_request()
         text.extend(input_ids[0].tolist() + out)
         while len(out) < max_new_tokens and out[-1] not in eos:
