@@ -54,7 +54,8 @@ def _server_args(a, config: str, stats_dir: str) -> list[str]:
         else:
             e = tv.engine_args(target, None, a.k, budget="dcut" if config == "dcut" else None,
                                stats_dir=stats_dir)
-        args += ["--speculative-config", json.dumps(e["speculative_config"])]
+        e.pop("disable_hybrid_kv_cache_manager", None)  # given above, for every configuration
+        args += tv.cli_args(e)
     return args
 
 

@@ -41,7 +41,8 @@ def _env(tmp):
 
 
 def _serve(model, tmp, name, spec, reqs):
-    with sl.Server(model, ARGS + (["--speculative-config", json.dumps(spec)] if spec else []),
+    from trimpass.serving import vllm as tv
+    with sl.Server(model, ARGS + (tv.cli_args(spec) if spec else []),
                    str(tmp / f"{name}.log"), _env(tmp)) as s:
         results, wall = sl.drive(s.url, "tiny", reqs, CONC, 300)
         metrics = sl.server_metrics(s.url)
@@ -57,13 +58,12 @@ def load(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     model = str(tmp / "gemma3")
     vllm_run.make_model(model)
-    os.environ["TRIMPASS_CACHE"] = str(tmp / "cache")
     from trimpass.serving import vllm as tv
 
     def trimmed(name):
         return tv.engine_args(model, None, vllm_run.K, check=True, learn_core=0, keep=KEEP,
-                              capacity=1024, stats_dir=str(tmp / name))["speculative_config"]
-    plain = tv.engine_args(model, None, vllm_run.K, trim=False)["speculative_config"]
+                              capacity=1024, stats_dir=str(tmp / name))
+    plain = tv.engine_args(model, None, vllm_run.K, trim=False)
     greedy = sl.plan(64, vllm_run.V, MAX_LEN, seed=3, sampled=0.0)
     mixed = sl.plan(64, vllm_run.V, MAX_LEN, seed=3, sampled=0.25)
     runs = {name: _serve(model, tmp, name, spec, reqs) for name, spec, reqs in (
@@ -129,12 +129,15 @@ def test_rows_drain_to_zero_and_never_hold_another_requests_ids(load, name):
     ('{"trim": true, "keeep": [1]}', "trimpass.json: keeep: not a trimpass setting"),
     ('{"vocab": [1, 2, 4096]}', "trimpass.json: vocab"),
 ])
-def test_bad_settings_stop_the_server_before_it_serves_in_one_line(tmp_path, text, match):
+def test_bad_settings_stop_the_server_before_it_serves_in_one_line(tmp_path, monkeypatch, text,
+                                                                     match):
+    """The command line's fallback: settings in trimpass.json beside a linked drafter copy."""
     model = str(tmp_path / "gemma3")
     vllm_run.make_model(model)
-    os.environ["TRIMPASS_CACHE"] = str(tmp_path / "cache")
+    monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path / "cache"))
     from trimpass.serving import vllm as tv
-    spec = tv.engine_args(model, None, 3)["speculative_config"]
+    spec = {"method": "draft_model", "model": tv.settings_dir(model, {}),
+            "num_speculative_tokens": 3}
     with open(os.path.join(spec["model"], "trimpass.json"), "w") as f:
         f.write(text)
     p = subprocess.run([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port",

@@ -7,6 +7,7 @@ import pytest
 
 from trimpass.config import TrimpassError
 from trimpass.serving import vllm as tv
+from trimpass.serving import vllm_version as vv
 
 
 def _ckpt(path, V, **cfg):
@@ -15,14 +16,16 @@ def _ckpt(path, V, **cfg):
     return str(path)
 
 
+def _as(monkeypatch, version, mismatches=()):
+    """This process's vLLM reads as ``version`` with ``mismatches`` (its verdict cached)."""
+    monkeypatch.setattr(vv, "_verdicts", {version: vv.Verdict(version, list(mismatches))})
+    monkeypatch.setattr(vv, "verdict", lambda v=None, read=None: vv._verdicts[v or version])
+
+
 @pytest.fixture
 def any_vllm(monkeypatch, tmp_path):
-    monkeypatch.setattr(tv, "_vllm_version", lambda: tv.TESTED_VERSION)
+    _as(monkeypatch, tv.TESTED_VERSION)
     monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path / "cache"))
-
-
-def _drafter(args):
-    return args["speculative_config"]["model"]
 
 
 def test_without_vllm_the_error_names_the_extra(tmp_path, monkeypatch):
@@ -32,9 +35,35 @@ def test_without_vllm_the_error_names_the_extra(tmp_path, monkeypatch):
         tv.engine_args(t, d)
 
 
-def test_another_vllm_version_is_refused():
-    with pytest.raises(RuntimeError, match="tested with vllm 0.32.0 only, this is vllm 0.31.1"):
-        tv.check_version("0.31.1")
+MISMATCH = ("vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model: parameters "
+            "['self', 'batch'], recorded ['self', 'scheduler_output']")
+
+
+def test_a_vllm_whose_signatures_differ_is_refused_naming_the_symbol(monkeypatch):
+    _as(monkeypatch, "0.31.1", [MISMATCH])
+    with pytest.raises(TrimpassError, match=r"vllm 0\.31\.1 differs .*GPUModelRunner\.execute_model"
+                                            r".*tested with vllm 0\.32\.0"):
+        tv.check_version()
+
+
+def test_an_untested_vllm_that_matches_is_accepted_with_one_warning_but_not_self_drafting(
+        tmp_path, monkeypatch):
+    _as(monkeypatch, "0.33.0")
+    monkeypatch.setenv("TRIMPASS_CACHE", str(tmp_path / "cache"))
+    t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
+    with pytest.warns(UserWarning, match=r"vllm 0\.33\.0 is untested \(tested: 0\.32\.0\)"):
+        tv.engine_args(t, d)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tv.engine_args(t, d)  # one warning, not one per call
+    for drafter in (None, t, tv.settings_dir(t, {})):  # the target's own checkpoint, or a link
+        with pytest.raises(TrimpassError, match="writes into the target's KV cache.*tested vLLM "
+                                                r"versions only \(0\.32\.0\)"):
+            tv.engine_args(t, drafter, budget="dcut")
+    with pytest.raises(TrimpassError, match="target's KV cache"):
+        tv.check_startup(_spec(t), target_dir=t, additional_config={"trimpass": {}})
+    tv.check_startup(_spec(d), target_dir=t, additional_config={"trimpass": {}})
 
 
 def test_vocab_mismatch_and_bad_ids_fail_before_serving(tmp_path, any_vllm):
@@ -48,38 +77,54 @@ def test_vocab_mismatch_and_bad_ids_fail_before_serving(tmp_path, any_vllm):
         tv.engine_args(t, d2, refresh_every=4)
 
 
-def test_settings_reach_workers_through_the_file_and_env(tmp_path, any_vllm, monkeypatch):
+def _extra(args):
+    return args.get("additional_config", {}).get("trimpass")
+
+
+def test_settings_reach_workers_through_additional_config(tmp_path, any_vllm, monkeypatch):
     monkeypatch.delenv("TRIMPASS_DISABLE", raising=False)
     monkeypatch.delenv(tv.ENV, raising=False)
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
     assert tv.resolve(d) is None  # nothing asked: the plugin does nothing
     args = tv.engine_args(t, d, 3, learn_core=8, keep=range(4))
-    drafter = _drafter(args)
-    assert args["speculative_config"] == {"method": "draft_model", "model": drafter,
+    assert args["speculative_config"] == {"method": "draft_model", "model": d,
                                           "num_speculative_tokens": 3}
-    assert drafter.startswith(str(tmp_path / "cache")) and os.listdir(d) == ["config.json"]
-    assert os.path.realpath(os.path.join(drafter, "config.json")) == os.path.join(d,
-                                                                                   "config.json")
-    assert tv.resolve(drafter) == {"learn_core": 8, "keep": [0, 1, 2, 3]}
-    assert tv.resolve(d) is None  # nothing was written into the user's checkpoint
-    untrimmed = _drafter(tv.engine_args(t, d, trim=False))
-    assert tv.resolve(untrimmed) is None and untrimmed != drafter
-    assert tv.resolve(drafter) == {"learn_core": 8, "keep": [0, 1, 2, 3]}  # each its own
-    monkeypatch.setenv(tv.ENV, '{"capacity": 512}')
-    assert tv.resolve(drafter) == {"capacity": 512}
+    assert _extra(args) == {"trim": True, "learn_core": 8, "keep": [0, 1, 2, 3]}
+    assert tv.resolve(d, _extra(args)) == {"learn_core": 8, "keep": [0, 1, 2, 3]}
+    assert os.listdir(d) == ["config.json"] and not (tmp_path / "cache").exists()  # nothing written
+    assert "additional_config" not in tv.engine_args(t, d, trim=False)  # nothing asked
+    assert tv.cli_args(args) == ["--speculative-config", json.dumps(args["speculative_config"]),
+                                 "--additional-config", json.dumps(args["additional_config"])]
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")
-    assert tv.resolve(drafter) is None
+    assert tv.resolve(d, _extra(args)) is None
 
 
-def test_without_a_drafter_the_target_drafts_for_itself(tmp_path, any_vllm):
+def test_the_command_lines_fallbacks_are_the_environment_then_the_settings_file(
+        tmp_path, any_vllm, monkeypatch):
+    monkeypatch.delenv("TRIMPASS_DISABLE", raising=False)
+    monkeypatch.delenv(tv.ENV, raising=False)
     t = _ckpt(tmp_path / "t", 100)
     (tmp_path / "t" / "model.safetensors").write_bytes(b"weights")
-    drafter = _drafter(tv.engine_args(t, None, 4, learn_core=8))
+    drafter = tv.settings_dir(t, {"learn_core": 8})
+    assert drafter.startswith(str(tmp_path / "cache"))
     assert sorted(os.listdir(drafter)) == ["config.json", "model.safetensors", tv.SETTINGS_FILE]
     with open(os.path.join(drafter, "model.safetensors"), "rb") as f:
         assert f.read() == b"weights"
     assert sorted(os.listdir(t)) == ["config.json", "model.safetensors"]  # only read
     assert tv.resolve(drafter) == {"learn_core": 8}
+    monkeypatch.setenv(tv.ENV, '{"capacity": 512}')
+    assert tv.resolve(drafter) == {"capacity": 512}
+    assert tv.resolve(drafter, {"keep": [1]}) == {"keep": [1]}  # additional_config first
+
+
+def test_a_setting_additional_config_cannot_carry_is_refused(tmp_path, any_vllm):
+    t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
+    with pytest.raises(TrimpassError, match=r"^keep: additional_config carries JSON values only"):
+        tv.engine_args(t, d, keep=object())
+    with pytest.raises(TrimpassError, match=r"additional_config\['trimpass'\]: not a JSON object"):
+        tv.check_startup(_spec(d), additional_config={"trimpass": [1, 2]})
+    with pytest.raises(TrimpassError, match=r"additional_config\['trimpass'\]: capacity"):
+        tv.check_startup(_spec(d), additional_config={"trimpass": {"capacity": 0}})
 
 
 def test_a_hybrid_attention_target_gets_one_kv_cache_group(tmp_path, any_vllm):
@@ -94,16 +139,16 @@ def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkey
     monkeypatch.delenv("TRIMPASS_DISABLE", raising=False)
     monkeypatch.delenv(tv.ENV, raising=False)
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
-    d1 = _drafter(tv.engine_args(t, d, 8, budget="dcut", learn_core=8))
-    assert tv.resolve_budget(d1) == {"policy": "dcut", "measure_s": 10.0}
-    assert tv.resolve(d1) == {"learn_core": 8}  # the budget is not a trim setting
-    d2 = _drafter(tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3}))
-    assert tv.resolve(d2) is None
-    assert tv.resolve_budget(d2) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0}
-    assert tv.resolve_budget(_drafter(tv.engine_args(t, d, 8))) is None
-    d4 = _drafter(tv.engine_args(t, d, 8, budget="dcut"))
+    e1 = _extra(tv.engine_args(t, d, 8, budget="dcut", learn_core=8))
+    assert tv.resolve_budget(d, e1) == {"policy": "dcut", "measure_s": 10.0}
+    assert tv.resolve(d, e1) == {"learn_core": 8}  # the budget is not a trim setting
+    e2 = _extra(tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3}))
+    assert tv.resolve(d, e2) is None
+    assert tv.resolve_budget(d, e2) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0}
+    assert tv.resolve_budget(d, _extra(tv.engine_args(t, d, 8))) is None
+    e4 = _extra(tv.engine_args(t, d, 8, budget="dcut"))
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")
-    assert tv.resolve_budget(d4) is None
+    assert tv.resolve_budget(d, e4) is None
 
 
 @pytest.mark.parametrize("gamma,budget,match", [
@@ -153,8 +198,8 @@ def _spec(d):
     ('{"vocab": [1, 2, 100]}', r"trimpass\.json: .*vocab"),
     ('{"budget": {"policy": "fixed", "gamma": 9}}', r"trimpass\.json: budget gamma"),
 ])
-def test_a_bad_settings_file_stops_the_engine_before_it_starts(tmp_path, monkeypatch, text,
-                                                               match):
+def test_a_bad_settings_file_stops_the_engine_before_it_starts(tmp_path, monkeypatch, any_vllm,
+                                                               text, match):
     monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
     d = _ckpt(tmp_path / "d", 100)
     (tmp_path / "d" / "trimpass.json").write_text(text)
@@ -163,7 +208,7 @@ def test_a_bad_settings_file_stops_the_engine_before_it_starts(tmp_path, monkeyp
     assert d in str(e.value)
 
 
-def test_start_up_checks_pass_good_settings_and_other_routes(tmp_path, monkeypatch):
+def test_start_up_checks_pass_good_settings_and_other_routes(tmp_path, monkeypatch, any_vllm):
     monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
     d = _ckpt(tmp_path / "d", 100)
     tv.check_startup(_spec(d))  # no trimpass.json: nothing asked, nothing checked
@@ -174,14 +219,16 @@ def test_start_up_checks_pass_good_settings_and_other_routes(tmp_path, monkeypat
     tv.check_startup(None)
 
 
-def test_another_vllm_version_stops_the_engine_where_trimming_is_asked(tmp_path, monkeypatch):
+def test_a_vllm_that_differs_stops_the_engine_where_trimming_is_asked(tmp_path, monkeypatch):
     monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
+    _as(monkeypatch, "0.31.1", [MISMATCH])
     d = _ckpt(tmp_path / "d", 100)
     tv.check_startup(_spec(d), version="0.31.1")  # nothing asked: it serves untrimmed
     (tmp_path / "d" / "trimpass.json").write_text('{"trim": true}')
-    with pytest.raises(TrimpassError, match=r"trimpass\.json asks for trimming.*this is vllm "
-                                            r"0\.31\.1"):
+    with pytest.raises(TrimpassError, match=r"trimpass\.json asks for trimming: vllm 0\.31\.1 "
+                                            r"differs .*execute_model"):
         tv.check_startup(_spec(d), version="0.31.1")
+    _as(monkeypatch, tv.TESTED_VERSION)
     monkeypatch.setenv("TRIMPASS_VLLM", '{"capacity": 0}')
     with pytest.raises(TrimpassError, match="the TRIMPASS_VLLM environment variable: capacity"):
         tv.check_startup(_spec(d))
@@ -227,7 +274,8 @@ def test_a_route_trimpass_does_not_trim_and_an_eagle_route_without_a_drafter_are
         tv.engine_args(t, None, 3, method="eagle")
 
 
-def test_local_argmax_reduction_is_refused_where_trimming_is_asked(tmp_path, monkeypatch):
+def test_local_argmax_reduction_is_refused_where_trimming_is_asked(tmp_path, monkeypatch,
+                                                                   any_vllm):
     monkeypatch.delenv("TRIMPASS_VLLM", raising=False)
     d = _ckpt(tmp_path / "d", 100)
     spec = {**_spec(d), "use_local_argmax_reduction": True}

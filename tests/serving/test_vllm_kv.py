@@ -1,16 +1,20 @@
-"""trimpass.serving.vllm_kv on stand-ins for vLLM's proposer and attention metadata (no vLLM
-needed): the next-token first pass cuts vLLM's first-pass layout to each request's sampled row,
-at its position and slot, with seq_lens = position + 1; the runner's rejected counts reach the
-layout and not the later steps; a cache is shared only between layers of the same shape. The real
-engine runs it in tests/serving/test_vllm_skip.py and test_vllm.py."""
-import collections
+"""The shared KV cache on stand-ins for vLLM's proposer and attention metadata (no vLLM needed):
+the compatibility module's next-token first pass (its wrappers of ``propose`` and
+``set_inputs_first_pass``, installed on the stand-in) cuts vLLM's first-pass layout to each
+request's sampled row, at its position and slot, with seq_lens = position + 1; the runner's
+rejected counts reach the layout and not the later steps; a cache is shared only between layers of
+the same shape (trimpass.serving.vllm_kv). The real engine runs it in
+tests/serving/test_vllm_skip.py and test_vllm.py."""
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from trimpass.serving import vllm_kv
+from trimpass.serving import vllm_compat as compat
+from trimpass.serving import vllm_kv, vllm_state
+
+HOOKS = vllm_state.Hooks(startup=None)
+WRAP = compat._wrappers(HOOKS)
 
 
 @dataclasses.dataclass
@@ -61,15 +65,31 @@ class Proposer:
                    torch.tensor(slots), total, 5)
         return total, torch.tensor(rows, dtype=torch.int32), cad
 
-    def propose(self, num_speculative_tokens, num_rejected_tokens_gpu=None, **kw):
+    def propose(self, num_speculative_tokens, num_rejected_tokens_gpu=None):
         self.proposed_with = num_rejected_tokens_gpu
         return self.set_inputs_first_pass(target_token_ids=None,
                                           num_rejected_tokens_gpu=num_rejected_tokens_gpu)
 
 
+def _install(cls):
+    """A subclass of ``cls`` whose two methods carry the compatibility module's wrappers."""
+    wrapped = {}
+    for name in ("propose", "set_inputs_first_pass"):
+        place = next(p for p in compat.PATCHES if p.endswith("SpecDecodeBaseProposer." + name))
+        wrapped[name] = WRAP[place](getattr(cls, name))
+    return type(cls.__name__, (cls,), wrapped)
+
+
+def _shared(p):
+    st = vllm_state.DrafterState(None, None, True, plain=None)
+    st.cache_shared = True
+    vllm_state._drafters[p] = st
+    return st
+
+
 def test_the_first_pass_runs_each_requests_next_token_alone():
-    p, counts = Proposer(), collections.Counter()
-    vllm_kv.next_token_first_pass(p, counts)
+    p = _install(Proposer)()
+    counts = _shared(p).shared
     rejected = torch.tensor([0, 2, 1])
     n, rows, cad = p.propose(num_speculative_tokens=3, num_rejected_tokens_gpu=rejected)
     assert p.proposed_with is None and p.seen_rejected is rejected  # applied once, in the layout
@@ -92,26 +112,28 @@ class DynamicCausal(Proposer):
 
 
 def test_the_first_pass_refuses_what_it_cannot_cut():
-    p = Proposer()
-    p.parallel_drafting = True
-    with pytest.raises(RuntimeError, match="draft-model route"):
-        vllm_kv.next_token_first_pass(p)
-    p = DynamicCausal()
-    vllm_kv.next_token_first_pass(p)
+    p = _install(DynamicCausal)()
+    _shared(p)
     with pytest.raises(RuntimeError, match="causal"):
         p.propose(num_speculative_tokens=3, num_rejected_tokens_gpu=torch.zeros(3))
 
 
+def test_a_drafter_without_the_draft_model_layout_is_refused_at_load():
+    from tests.serving.test_vllm_budget import _drafter
+    p = Proposer()
+    p.model = torch.nn.Linear(2, 2)
+    d = dataclasses.replace(_drafter(p), target=p.model, first_pass_ok=False,
+                            additional={"trim": False, "budget": {"policy": "off"}})
+    with pytest.raises(RuntimeError, match="draft-model route"):
+        HOOKS.loaded(p, d)
+
+
 def test_a_cache_is_shared_only_between_layers_of_the_same_shape():
     cache = torch.zeros(2, 4, 8)
-    ctx = {"layers.0": SimpleNamespace(kv_cache=cache),
-           "draft_model.layers.0": SimpleNamespace(kv_cache=torch.ones(2, 4, 8))}
-    assert vllm_kv.share_cache(["draft_model.layers.0"], ctx) == ["draft_model.layers.0"]
-    assert ctx["draft_model.layers.0"].kv_cache is cache
-    assert vllm_kv.unused_bytes(["draft_model.layers.0"], ctx) == 2 * 4 * 8 * 4
-    ctx["draft_model.layers.1"] = SimpleNamespace(kv_cache=torch.ones(2, 4, 8))
+    assert vllm_kv.check_pairs({"draft_model.layers.0": (torch.ones(2, 4, 8), cache)}) == \
+        2 * 4 * 8 * 4
     with pytest.raises(RuntimeError, match="no target layer"):
-        vllm_kv.share_cache(["draft_model.layers.1"], ctx)
-    ctx["layers.1"] = SimpleNamespace(kv_cache=torch.zeros(2, 4, 9))
+        vllm_kv.check_pairs({"draft_model.layers.1": (torch.ones(2, 4, 8), None)})
     with pytest.raises(RuntimeError, match="differ"):
-        vllm_kv.share_cache(["draft_model.layers.1"], ctx)
+        vllm_kv.check_pairs({"draft_model.layers.1": (torch.ones(2, 4, 8),
+                                                      torch.zeros(2, 4, 9))})

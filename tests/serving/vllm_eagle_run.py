@@ -119,7 +119,6 @@ def _gemma_args(root: str, mode: str, settings: dict) -> dict:
 
 def main() -> None:
     root, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    os.environ["TRIMPASS_CACHE"] = os.path.join(root, "cache")
     target = os.path.join(root, "llama")
     if not os.path.exists(os.path.join(target, "config.json")):
         make_target(target)

@@ -21,10 +21,13 @@ V, K = 2048, 3
 
 def run_script(script: str, *args: str, **extra_env) -> dict:
     """Run ``script`` (this directory's, e.g. ``vllm_run.py``) with ``args`` in a fresh process,
-    trimpass enabled and Triton's interpreter off, and return its ``RESULT`` JSON line (tests)."""
+    trimpass enabled and Triton's interpreter off, and return its ``RESULT`` JSON line (tests).
+    ``args[0]`` is the test's model directory (in pytest's temporary folder): trimpass's cache
+    (the budget's measurements) goes beside it, never into the user's."""
     import subprocess
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
-                                                             "TRIMPASS_DISABLE")}
+                                                             "TRIMPASS_DISABLE", "TRIMPASS_VLLM")}
+    env["TRIMPASS_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(args[0])), "cache")
     env.update(extra_env)
     here = os.path.dirname(os.path.abspath(__file__))
     p = subprocess.run([sys.executable, os.path.join(here, script), *args], capture_output=True,
@@ -117,18 +120,22 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
     at every engine step ``i`` with ``i % 4`` in ``settings["pause"]`` (two consecutive pauses by
     default; ``[]`` pauses nothing). ``settings["stale"]`` makes the drafter skip its forwards
     without the target's cache (a negative control: the engine core runs in this process, where
-    :func:`trimpass.serving.vllm_kv.share_cache` is replaced by a no-op). Greedy outputs, the
-    budget counters and each proposal's first drafted row (check mode)."""
+    :meth:`trimpass.serving.vllm_state.DrafterState.share_cache` is replaced by one that shares
+    nothing). Greedy outputs, the budget counters and each proposal's first drafted row (check
+    mode)."""
     import collections
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one engine step per step() call
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from trimpass.serving import vllm as tv
-    from trimpass.serving import vllm_kv
+    from trimpass.serving import vllm_kv, vllm_state
     pause = set(settings.get("pause", [1, 2]))
     if settings.get("stale"):
-        vllm_kv.share_cache = lambda names, ctx: []
+        def share_nothing(state, pairs):
+            state.cache_shared = True
+            return {}
+        vllm_state.DrafterState.share_cache = share_nothing
     if settings.get("own_cache"):  # the drafter keeps its own cache, as vLLM's route does
         vllm_kv.same_model = lambda drafter, target: False
     fixed = {"policy": "fixed", "gamma": K}
@@ -167,8 +174,6 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
 
 def main() -> None:
     d, mode, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    # engine_args writes the settings into trimpass's cache: this test's own, beside its model
-    os.environ["TRIMPASS_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(d)), "cache")
     if not os.path.exists(os.path.join(d, "config.json")):
         make_model(d, SAMPLE_V if mode == "sample" else V)
     if mode == "sample":

@@ -23,7 +23,7 @@ import torch
 from trimpass import measure as _m
 from trimpass.isotonic import isotonic_grid, pav
 
-__all__ = ["CostTable", "StepCost", "pav", "isotonic_grid", "measure", "cached_table"]
+__all__ = ["CostTable", "StepCost", "EngineCost", "pav", "isotonic_grid", "measure", "cached_table"]
 
 
 def _axis(name: str, values) -> list[int]:
@@ -241,3 +241,60 @@ def cached_table(model_key: str, fn: Callable[[int, int], object], batches: Sequ
     value = _m.cached(key, lambda: measure(fn, batches, drafts, budget_s=budget_s, device=device,
                                            timer=timer).to_dict(), device, refresh=refresh)
     return CostTable.from_dict(value)
+
+
+def _grid(top: int) -> list[int]:
+    """1, 2, 4, ... up to ``top`` (included)."""
+    out, n = [], 1
+    while n < top:
+        out.append(n)
+        n *= 2
+    return out + [top]
+
+
+class EngineCost:
+    """An engine's verification cost C(batch, tokens): a :class:`CostTable` given by the user or
+    measured at start-up (:meth:`measure`), refined from every pure decode step the engine runs
+    (:meth:`observe`), priced with the step's measured overhead (:attr:`step_cost`)."""
+
+    def __init__(self, overhead: Callable[[int, bool], float], table: dict | None = None):
+        self.overhead = overhead  # (batch, drafted) -> seconds outside the forward
+        self.table = None if table is None else CostTable.from_dict(table)
+        self.updates = self.measurements = 0
+
+    def measure(self, verify: Callable[[int], object], *, key: str, max_tokens: int,
+                max_seqs: int, gamma_max: int, budget_s: float, device) -> None:
+        """C(batch, tokens) from ``verify(n)`` (one forward of ``n`` tokens) at 1, 2, 4, ...
+        tokens within ``budget_s`` seconds, cached per device and ``key``: here
+        C(B, B + K) = T(B + K), held flat beyond the grid."""
+        ns = _grid(min(int(max_tokens), max_seqs * (1 + gamma_max)))
+
+        def compute() -> dict:
+            times, t0 = [], time.perf_counter()
+            for i, n in enumerate(ns):
+                share = max(budget_s - (time.perf_counter() - t0), 0.0) / (len(ns) - i)
+                times.append(_m.median_s_within(lambda n=n: verify(n), share, device,
+                                                max_calls=5))
+            return {"tokens": ns, "seconds": times}
+
+        got = _m.cached(f"vllm-verify:{key}:n={ns}", compute, device)
+        batches = _grid(max_seqs)
+        drafts = [0] + _grid(max_seqs * gamma_max)
+        tokens = [[b + k for k in drafts] for b in batches]
+        self.table = CostTable(batches, drafts, np.interp(tokens, got["tokens"], got["seconds"]))
+        self.measurements += 1
+
+    def observe(self, batch: int, tokens: int, seconds: float) -> None:
+        """One pure decode step (every request: 1 + its drafts) of ``tokens`` in ``seconds``."""
+        if self.table is None:
+            return
+        self.table.update(batch, tokens, seconds, refit=self.updates % 8 == 7)
+        self.updates += 1
+
+    @property
+    def step_cost(self) -> StepCost | None:
+        """A step's cost as the policies price it: C plus the measured per-step overhead."""
+        if self.table is None:
+            return None
+        return StepCost(self.table, lambda b: self.overhead(b, False),
+                        lambda b: self.overhead(b, True))

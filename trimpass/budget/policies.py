@@ -6,10 +6,10 @@ maximizes expected emitted tokens per second), ``all-or-nothing`` (a step's whol
 it, by the same cost model), ``fixed`` (draft ``gamma`` tokens, keep them all), ``none``
 (speculation paused: nothing drafted), ``off`` (the engine's own behaviour). Before a proposal,
 :meth:`Policy.skip` says whether to draft at all: ``dcut`` and ``all-or-nothing`` skip a step where
-no draft could pay (:func:`trimpass.budget.dcut.drafting_pays`), ``none`` skips every step. An
-engine adapter (:mod:`trimpass.serving.vllm_budget`) records the confidences and timings,
-calibrates the confidences and calls these. A new policy is one class here and its entry in
-:data:`POLICIES`."""
+no draft could pay (:func:`trimpass.budget.dcut.drafting_pays`), ``none`` skips every step. Every
+method takes keyword arguments only (the timings are easy to swap by position). The policy runner
+(:mod:`trimpass.budget.runner`) records the confidences and timings, calibrates the confidences
+and calls these. A new policy is one class here and its entry in :data:`POLICIES`."""
 from __future__ import annotations
 
 import torch
@@ -28,19 +28,19 @@ class Policy:
     def __init__(self, settings: dict):
         self.settings = settings
 
-    def skip(self, batch: int, gamma: int, cost, first_s, step_s, accept_max: float) -> bool:
+    def skip(self, *, batch: int, gamma: int, cost, first_s, step_s, accept_max: float) -> bool:
         """Whether this step drafts nothing, decided before the drafter runs: ``first_s`` and
         ``step_s`` the drafter's measured seconds at this batch size (None until measured),
         ``accept_max`` the largest calibrated acceptance probability of a drafted token."""
         return False
 
-    def stop(self, conf, d: int, gamma: int, cost, step_s, first_s, elapsed_s):
+    def stop(self, *, conf, d: int, gamma: int, cost, first_s, step_s, elapsed_s):
         """``(stop drafting now, requests still drafting [B] bool or None)`` after ``d`` drafted
         tokens of at most ``gamma``: ``conf[B, d]`` calibrated confidences (None until the cost
         model and the step time are known), ``elapsed_s`` the proposal's seconds so far."""
         return False, None
 
-    def keep(self, conf: torch.Tensor, cost, draft_time: float) -> torch.Tensor:
+    def keep(self, *, conf: torch.Tensor, cost, draft_time: float) -> torch.Tensor:
         """Drafted tokens each request sends to verification, ``[B]`` (a prefix of its draft)."""
         return torch.full((conf.shape[0],), conf.shape[1], dtype=torch.long)
 
@@ -49,7 +49,7 @@ class Fixed(Policy):
     """Draft ``gamma`` tokens, keep them all: the work of an engine with that draft length."""
     name = "fixed"
 
-    def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
+    def stop(self, *, conf, d, gamma, cost, first_s, step_s, elapsed_s):
         return d >= self.settings["gamma"], None
 
 
@@ -57,11 +57,11 @@ class Paused(Policy):
     """Speculation paused: no step drafts (switched on a running engine under load, say)."""
     name = "none"
 
-    def skip(self, batch, gamma, cost, first_s, step_s, accept_max):
+    def skip(self, *, batch, gamma, cost, first_s, step_s, accept_max):
         return True
 
 
-def _no_draft_pays(batch, gamma, cost, first_s, step_s, accept_max) -> bool:
+def _no_draft_pays(*, batch, gamma, cost, first_s, step_s, accept_max) -> bool:
     if cost is None or first_s is None or step_s is None or batch < 1:
         return False  # not measured at this batch size yet: draft, and measure
     return not drafting_pays(batch, cost, first_s, step_s, gamma_max=gamma, accept_max=accept_max)
@@ -72,10 +72,11 @@ class DCut(Policy):
     name = "dcut"
     reads_confidence = True
 
-    def skip(self, batch, gamma, cost, first_s, step_s, accept_max):
-        return _no_draft_pays(batch, gamma, cost, first_s, step_s, accept_max)
+    def skip(self, *, batch, gamma, cost, first_s, step_s, accept_max):
+        return _no_draft_pays(batch=batch, gamma=gamma, cost=cost, first_s=first_s,
+                              step_s=step_s, accept_max=accept_max)
 
-    def stop(self, conf, d, gamma, cost, step_s, first_s, elapsed_s):
+    def stop(self, *, conf, d, gamma, cost, first_s, step_s, elapsed_s):
         if conf is None:
             return False, None
         active = draft_more(conf, cost, step_s, gamma_max=gamma, draft_time_base=first_s)
@@ -84,7 +85,7 @@ class DCut(Policy):
         conf = torch.where(active[:, None], conf, torch.zeros_like(conf))
         return not next_step_pays(conf, cost, elapsed_s, step_s), active
 
-    def keep(self, conf, cost, draft_time):
+    def keep(self, *, conf, cost, draft_time):
         return dcut(conf, cost, draft_time=draft_time, buckets=self.settings.get("buckets"))
 
 
@@ -93,10 +94,11 @@ class AllOrNothing(Policy):
     name = "all-or-nothing"
     reads_confidence = True
 
-    def skip(self, batch, gamma, cost, first_s, step_s, accept_max):
-        return _no_draft_pays(batch, gamma, cost, first_s, step_s, accept_max)
+    def skip(self, *, batch, gamma, cost, first_s, step_s, accept_max):
+        return _no_draft_pays(batch=batch, gamma=gamma, cost=cost, first_s=first_s,
+                              step_s=step_s, accept_max=accept_max)
 
-    def keep(self, conf, cost, draft_time):
+    def keep(self, *, conf, cost, draft_time):
         return dcut(conf, cost, draft_time=draft_time, buckets=[conf.numel()])
 
 

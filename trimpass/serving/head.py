@@ -1,6 +1,6 @@
 """Engine-neutral serving: request rows that follow an engine's batch (:class:`RequestRows`), and a
 batch's trimmed logits over one vocabulary shard, with one weight copy shared by every row. An
-engine adapter (:mod:`trimpass.serving.vllm_hooks`) only says which requests are in the batch and
+engine adapter (:mod:`trimpass.serving.vllm_trim`) only says which requests are in the batch and
 where their tokens are.
 
 :class:`RequestRows` binds each request id to a row of the drafter's

@@ -1,17 +1,20 @@
 """trimpass in vLLM (tested with 0.32.0): the public face, importable without vLLM.
 
 vLLM runs a ``draft_model`` drafter (or an EAGLE one, ``method="eagle"``/``"eagle3"``:
-:mod:`trimpass.serving.vllm_eagle`) with its own KV cache and batching and computes its logits in
-the drafter model's ``compute_logits``, outside any graph trimpass compiles. Trimming is switched
-on by configuration alone: :func:`engine_args` checks the two checkpoints and the settings, writes
-them to ``trimpass.json`` in a linked copy of the drafter checkpoint in trimpass's cache
-(:func:`settings_dir`; never into the user's directory) and returns the keyword arguments for
-``vllm.LLM(...)``; ``vllm serve TARGET --speculative-config '{"method": "draft_model", "model":
-DIR, ...}'`` with that directory reads the same file (or the ``TRIMPASS_VLLM`` environment
-variable, a JSON object of settings or ``1``), in every worker process, through the
-``vllm.general_plugins`` entry point :func:`register`. ``TRIMPASS_DISABLE=1`` turns it off
-everywhere. Without either the plugin does nothing. :func:`stats` sums the workers' counters from
-the user's process. The worker-side glue is :mod:`trimpass.serving.vllm_hooks`.
+:mod:`trimpass.serving.vllm_eagle`) with its own KV cache and batching and computes its logits
+outside any graph trimpass compiles. Trimming is switched on by configuration alone:
+:func:`engine_args` checks the two checkpoints and the settings and returns the keyword arguments
+for ``vllm.LLM(...)``, the settings in vLLM's ``additional_config`` under ``"trimpass"``, which
+vLLM carries to every worker process; there the ``vllm.general_plugins`` entry point
+:func:`register` installs the wrappers of :mod:`trimpass.serving.vllm_compat` (the one module that
+touches vLLM), whose state lives in :mod:`trimpass.serving.vllm_state`. :func:`cli_args` gives the
+same as the OpenAI server's command-line flags. The command line's fallbacks, where
+``--additional-config`` is not given: the ``TRIMPASS_VLLM`` environment variable (a JSON object of
+settings, or ``1``) and ``trimpass.json`` beside the drafter checkpoint (:func:`settings_dir`
+writes one into a linked copy in trimpass's cache). ``TRIMPASS_DISABLE=1`` turns it off
+everywhere. Without settings the plugin does nothing. Which vLLM versions run what:
+:mod:`trimpass.serving.vllm_version`. :func:`stats` sums the workers' counters from the user's
+process.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from trimpass.budget.policies import POLICIES
 from trimpass.budget.policies import check_settings as check_budget
 from trimpass.cache import cache_dir
 from trimpass.config import TrimpassError, disabled
+from trimpass.serving import vllm_compat as compat
+from trimpass.serving import vllm_version
 from trimpass.serving.vllm_eagle import METHODS, check_drafter, check_method
 from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face keeps these names)
     ENV,
@@ -30,6 +35,7 @@ from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face kee
     KEYS,
     RUNS,
     SETTINGS_FILE,
+    carried,
     checked_config,
     hf_config,
     resolve,
@@ -37,26 +43,30 @@ from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face kee
     vocab_size,
 )
 
-TESTED_VERSION = "0.32.0"
-EXTRA_HINT = "pip install 'trimpass[vllm]'"
+TESTED_VERSION = vllm_version.TESTED[-1]
+EXTRA_HINT = vllm_version.EXTRA_HINT
 
 
 def _vllm_version() -> str:
-    try:
-        import vllm
-    except ImportError:
-        raise ImportError(f"trimpass.serving.vllm: trimming in vLLM needs vLLM {TESTED_VERSION}; "
-                          f"install the extra: {EXTRA_HINT}") from None
-    return vllm.__version__
+    return vllm_version.verdict().version
 
 
-def check_version(version: str | None = None) -> None:
-    """Refuse (one sentence) a vLLM other than the one this integration was tested with."""
-    version = version or _vllm_version()
-    if version != TESTED_VERSION:
-        raise RuntimeError(f"trimpass: trimming in vLLM was tested with vllm {TESTED_VERSION} "
-                           f"only, this is vllm {version}; install {EXTRA_HINT} (pins "
-                           f"{TESTED_VERSION}) or set TRIMPASS_DISABLE=1 to serve untrimmed")
+def check_version(version: str | None = None, *, self_drafting: bool = False) -> None:
+    """Refuse (one sentence, naming the symbol) a vLLM whose symbols differ from what trimpass
+    relies on, and the target drafting for itself on an untested one; warn once on an untested
+    one that matches (:mod:`trimpass.serving.vllm_version`)."""
+    vllm_version.require(vllm_version.verdict(version), self_drafting=self_drafting)
+
+
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether checkpoint directory ``b`` is ``a`` (the same directory, or every file of ``b``
+    but ``trimpass.json`` a link to ``a``'s file of the same name)."""
+    a, b = os.path.realpath(a), os.path.realpath(b)
+    if a == b:
+        return True
+    names = [n for n in os.listdir(b) if n != SETTINGS_FILE]
+    return bool(names) and all(os.path.realpath(os.path.join(b, n)) ==
+                               os.path.realpath(os.path.join(a, n)) for n in names)
 
 
 def _budget_settings(budget) -> dict | None:
@@ -88,15 +98,16 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     inside it), after :func:`trimpass.serving.vllm_eagle.check_drafter`.
     ``trim_settings`` are :class:`trimpass.TrimConfig`'s engine settings (``vocab``, ``keep``,
     ``capacity``, ``core``, ``learn_core``, ``successors``, ``max_rows``; ``max_rows`` defaults to
-    vLLM's ``max_num_seqs``). Everything is checked here, before an engine starts. The settings
-    are written outside the user's checkpoints: into a directory of the trimpass cache that links
-    to every file of ``drafter_dir`` and holds ``trimpass.json`` beside them (:func:`settings_dir`),
-    which vLLM loads as the drafter and where every worker process reads them. vLLM 0.32's
-    draft-model route loads the drafter's weights again, even when it is the target. A target
+    vLLM's ``max_num_seqs``). Everything is checked here, before an engine starts, the installed
+    vLLM too (:func:`check_version`: the target drafting for itself, ``drafter_dir`` None or the
+    target's checkpoint, only on a tested one). The settings go in ``additional_config`` under
+    ``"trimpass"``, which vLLM carries to every worker (JSON values only: another is refused by
+    name); nothing is written to disk. vLLM 0.32's draft-model route loads the drafter's weights
+    again, even when it is the target. A target
     mixing sliding and full attention layers also gets ``disable_hybrid_kv_cache_manager=True``
     (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group).
 
-    ``budget`` turns on D-Cut (:mod:`trimpass.serving.vllm_budget`), trimmed or not: ``"dcut"``,
+    ``budget`` turns on D-Cut (:mod:`trimpass.budget.runner`), trimmed or not: ``"dcut"``,
     ``"all-or-nothing"``, ``{"policy": "fixed", "gamma": k}``, ``"none"`` (speculation paused),
     ``"off"``, or a dict that also sets ``buckets`` (allowed totals of verified drafted tokens)
     and ``measure_s`` (seconds for the start-up cost measurement, <= 30);
@@ -109,11 +120,12 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     if budget is not None:
         budget = check_budget(budget, num_speculative_tokens)
     check_method(method)
-    if trim:
-        check_version(_vllm_version())
     if drafter_dir is None and method != "draft_model":
         raise ValueError(f"drafter_dir: method={method!r} needs an EAGLE drafter checkpoint; "
                          "None (the target drafting for itself) is the draft_model route")
+    own = drafter_dir is None or same_checkpoint(target_dir, drafter_dir)
+    if trim or budget is not None:
+        check_version(self_drafting=own and method == "draft_model")
     drafter_dir = target_dir if drafter_dir is None else drafter_dir
     check_drafter(target_dir, drafter_dir, method)
     Vt, Vd = vocab_size(target_dir), vocab_size(drafter_dir)
@@ -121,15 +133,18 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
         raise ValueError(f"vocab size: the drafter {drafter_dir} has {Vd} ids but the target "
                          f"{target_dir} has {Vt}; trimpass serves a drafter of the target's "
                          "vocabulary")
+    settings = {k: _jsonable(v) for k, v in trim_settings.items()}
     if trim:
-        checked_config(trim_settings, Vd)
+        checked_config(carried(settings), Vd)
     elif trim_settings:
         raise TrimpassError(f"{next(iter(trim_settings))}: a trim setting with trim=False")
-    d = {"trim": bool(trim), **{k: _jsonable(v) for k, v in trim_settings.items()}}
-    drafter = settings_dir(drafter_dir, d if budget is None else {**d, "budget": budget})
     args = {"model": target_dir,
-            "speculative_config": {"method": method, "model": drafter,
+            "speculative_config": {"method": method, "model": drafter_dir,
                                    "num_speculative_tokens": int(num_speculative_tokens)}}
+    if trim or budget is not None:
+        entry = {"trim": bool(trim), **settings}
+        args["additional_config"] = {compat.ADDITIONAL_KEY: entry if budget is None else
+                                     {**entry, "budget": budget}}
     # vLLM 0.32's draft-model proposer needs all drafter layers in one KV-cache group; a hybrid
     # sliding/full target (Gemma 3) splits them unless the hybrid KV-cache manager is off
     if len(set(hf_config(target_dir).get("layer_types") or ())) > 1:
@@ -137,10 +152,23 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     return args
 
 
+def cli_args(args: dict) -> list[str]:
+    """:func:`engine_args`' result as the OpenAI server's command-line flags (after ``--model
+    TARGET``): ``--speculative-config``, ``--additional-config`` and, where needed,
+    ``--disable-hybrid-kv-cache-manager``."""
+    out = ["--speculative-config", json.dumps(args["speculative_config"])]
+    if "additional_config" in args:
+        out += ["--additional-config", json.dumps(args["additional_config"])]
+    if args.get("disable_hybrid_kv_cache_manager"):
+        out.append("--disable-hybrid-kv-cache-manager")
+    return out
+
+
 def settings_dir(drafter_dir: str, settings: dict) -> str:
-    """The drafter checkpoint vLLM loads: a directory of the trimpass cache (one per checkpoint
+    """The command line's fallback where ``--additional-config`` cannot be given: a drafter
+    checkpoint for ``--speculative-config``, a directory of the trimpass cache (one per checkpoint
     and settings) with a link to each file of ``drafter_dir`` and ``trimpass.json`` holding
-    ``settings``; the user's directory is only read."""
+    ``settings`` (as in ``additional_config["trimpass"]``); the user's directory is only read."""
     src = os.path.abspath(drafter_dir)
     text = json.dumps(settings, sort_keys=True)
     key = hashlib.sha1(f"{src}\n{text}".encode()).hexdigest()[:16]
@@ -167,13 +195,13 @@ def stats(llm) -> dict:
     ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
     ``check`` setting also ``checked``, ``violations`` and the isolation check's ``foreign``,
     ``missing`` and ``isolation_checked``, and ``first``: each proposal's first drafted row, by the
-    request's first tokens and length (:class:`trimpass.serving.vllm_hooks.Trimmer`);
+    request's first tokens and length (:class:`trimpass.serving.vllm_check.CheckedTrimmer`);
     ``runs``: what this route runs where it differs from :class:`trimpass.TrimConfig`'s defaults
     (no escape path, no refresh); ``shared_cache``: where the target drafts for itself on its own
     KV cache, ``first_pass_rows`` (rows its next-token first forwards ran) and
     ``cache_unused_bytes`` (the drafter's own cache, allocated by vLLM, unused). All zero when
     nothing trims."""
-    every = [s for s in llm.collective_rpc("trimpass_stats") if s]
+    every = [s for s in compat.rpc(llm, "trimpass_stats") if s]
     got = [s for s in every if "calls" in s]
     out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
            "propose_s": sum(s["propose_s"] for s in every)}
@@ -207,40 +235,54 @@ def set_budget(llm, budget: str | dict) -> dict:
     """Change the D-Cut policy of a running engine started with ``engine_args(..., budget=...)``
     (same forms as there); returns the settings now in force. The cost model is kept."""
     settings = _budget_settings(budget)
-    gamma = llm.llm_engine.vllm_config.speculative_config.num_speculative_tokens
-    check_budget(settings, gamma)
-    return llm.collective_rpc("trimpass_budget", args=(settings,))[0]
+    check_budget(settings, compat.llm_gamma(llm))
+    return compat.rpc(llm, "trimpass_budget", settings)[0]
 
 
-def check_startup(speculative_config, version: str = TESTED_VERSION,
-                  target_dir: str | None = None) -> None:
+def check_startup(speculative_config, version: str | None = None, target_dir: str | None = None,
+                  additional_config=None) -> None:
     """What an engine is started with, checked before it starts (in the process that parses its
-    arguments: the API server, or ``vllm.LLM``'s caller): a ``draft_model`` or EAGLE drafter's
-    ``trimpass.json`` must be a JSON object of known settings valid for its vocabulary, with a
-    valid budget; trimming needs the vLLM version trimpass was tested with, a drafter whose logits
-    come from its ``compute_logits`` (not ``use_local_argmax_reduction``) and, on an EAGLE route,
-    a drafter that agrees with ``target_dir`` (:func:`check_drafter`). Raises a
-    :class:`TrimpassError` naming the file and the setting."""
+    arguments: the API server, or ``vllm.LLM``'s caller): the settings (``additional_config``'s
+    ``trimpass`` entry, else ``TRIMPASS_VLLM``, else the drafter's ``trimpass.json``) must be a
+    JSON object of known settings valid for the drafter's vocabulary, with a valid budget;
+    trimming needs a vLLM trimpass runs (``version``: the installed one by default; the target
+    drafting for itself: a tested one), a drafter whose logits come from its ``compute_logits``
+    (not ``use_local_argmax_reduction``) and, on an EAGLE route, a drafter that agrees with
+    ``target_dir`` (:func:`check_drafter`). Raises a :class:`TrimpassError` naming where the
+    settings came from and the setting."""
     sc = speculative_config
     if isinstance(sc, str):
         sc = json.loads(sc)
     if not isinstance(sc, dict) or sc.get("method") not in METHODS or not sc.get("model"):
         return
     drafter = str(sc["model"])
+    extra = additional_config.get(compat.ADDITIONAL_KEY) if isinstance(additional_config,
+                                                                        dict) else None
     where = os.path.join(drafter, SETTINGS_FILE)
-    if os.environ.get(ENV, "").strip():
+    if extra is not None:
+        where = f"additional_config[{compat.ADDITIONAL_KEY!r}]"
+    elif os.environ.get(ENV, "").strip():
         where = f"the {ENV} environment variable"
     try:
-        settings, budget = resolve(drafter), resolve_budget(drafter)
+        if extra is not None and not isinstance(extra, dict):
+            raise TypeError(f"got {type(extra).__name__}")
+        settings, budget = resolve(drafter, extra), resolve_budget(drafter, extra)
+        if extra is not None:
+            carried(extra, where)
     except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         raise TrimpassError(f"{where}: not a JSON object of trimpass settings ({e}); fix it, or "
                             "remove it to serve untrimmed") from None
+    except TrimpassError as e:
+        raise TrimpassError(f"{where}: {e}") from None
     if settings is None and budget is None:
         return
-    if version != TESTED_VERSION:
-        raise TrimpassError(f"{where} asks for trimming, which was tested with vllm "
-                            f"{TESTED_VERSION} only, and this is vllm {version}; install "
-                            f"{EXTRA_HINT}, or set TRIMPASS_DISABLE=1 to serve untrimmed")
+    own = bool(target_dir) and sc["method"] == "draft_model" and \
+        os.path.isdir(str(target_dir)) and same_checkpoint(str(target_dir), drafter)
+    try:
+        vllm_version.require(vllm_version.verdict(version), self_drafting=own,
+                             where=f"{where} asks for trimming")
+    except ImportError as e:
+        raise TrimpassError(f"{where} asks for trimming: {e}") from None
     if settings is not None and sc.get("use_local_argmax_reduction"):
         raise TrimpassError(f"{where} asks for trimming, but use_local_argmax_reduction takes "
                             "the drafter's tokens without its compute_logits, which trimpass "
@@ -255,51 +297,26 @@ def check_startup(speculative_config, version: str = TESTED_VERSION,
     if target_dir and os.path.isfile(os.path.join(str(target_dir), "config.json")):
         try:
             check_drafter(str(target_dir), drafter, sc["method"])
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             raise TrimpassError(str(e)) from None
 
 
-def _guard_engine_args(version: str) -> None:
-    """Run :func:`check_startup` when vLLM builds an engine's configuration; an API server
-    prints the error as its one line and exits."""
-    import sys
-
-    from vllm.engine.arg_utils import EngineArgs
-    build = getattr(EngineArgs, "create_engine_config", None)
-    if build is None or getattr(build, "_trimpass", False):
-        return
-
-    def checked_build(self, *args, **kwargs):
-        try:
-            check_startup(getattr(self, "speculative_config", None), version,
-                          getattr(self, "model", None))
-        except TrimpassError as e:
-            main = getattr(sys.modules.get("__main__"), "__spec__", None)
-            if main is not None and main.name.startswith("vllm.entrypoints"):
-                raise SystemExit(f"trimpass: {e}") from None
-            raise
-        return build(self, *args, **kwargs)
-
-    checked_build._trimpass = True
-    EngineArgs.create_engine_config = checked_build
-
-
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: runs in every vLLM process. Installs the worker
-    glue, which stays inert unless trimming is asked for, and the start-up check
-    (:func:`check_startup`), which refuses bad settings, and another vLLM version where trimming
-    is asked for, before an engine starts."""
+    """The ``vllm.general_plugins`` entry point: runs in every vLLM process. Installs the
+    wrappers of :mod:`trimpass.serving.vllm_compat` (each inert unless trimming is asked for) and
+    the start-up check (:func:`check_startup`), which refuses bad settings, a vLLM whose symbols
+    differ (naming the symbol), and the target drafting for itself on an untested vLLM, before an
+    engine starts. On a vLLM whose symbols differ only the start-up check is installed."""
     if disabled():
         return
-    import vllm
-    _guard_engine_args(vllm.__version__)
-    if vllm.__version__ != TESTED_VERSION:
-        if os.environ.get(ENV, "").strip() not in ("", "0", "false"):
-            check_version(vllm.__version__)
-        from vllm.logger import init_logger
-        init_logger("vllm.trimpass").warning(
-            "trimpass: vllm %s is not %s, the version trimpass was tested with; trimming stays "
-            "off", vllm.__version__, TESTED_VERSION)
-        return
-    from trimpass.serving import vllm_hooks
-    vllm_hooks.install()
+    from trimpass.serving.vllm_state import Hooks
+    v = vllm_version.verdict()
+    hooks = Hooks(lambda spec, target, extra: check_startup(spec, v.version, target, extra),
+                  self_drafting_ok=v.tested)
+    guard = compat.PATCHES[0]
+    if v.accepted:
+        compat.install(hooks)
+    elif not any(m.startswith(guard) for m in v.mismatches):
+        compat.install(hooks, places=(guard,))
+    if not v.accepted and os.environ.get(ENV, "").strip() not in ("", "0", "false"):
+        vllm_version.require(v, self_drafting=False)

@@ -3,8 +3,8 @@ agree on with its target, checked before an engine starts. vLLM 0.32 builds the 
 the checkpoint's architecture (``LlamaForCausalLM`` becomes ``EagleLlamaForCausalLM`` or
 ``Eagle3LlamaForCausalLM``), feeds it the target's hidden states (EAGLE-3: several layers' of them,
 which the target must expose through ``SupportsEagle3``) and computes its logits in the drafter's
-``compute_logits``, which trimpass replaces as on the ``draft_model`` route
-(:mod:`trimpass.serving.vllm_hooks`). An EAGLE-3 head may have its own smaller vocabulary: row
+``compute_logits``, which trimpass trims as on the ``draft_model`` route
+(:mod:`trimpass.serving.vllm_trim`). An EAGLE-3 head may have its own smaller vocabulary: row
 ``i`` scores target id ``i + d2t[i]`` (:class:`trimpass.serving.head.DraftVocab`). Importable
 without vLLM; only the target's class check loads vLLM's model registry."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from trimpass.serving import vllm_compat as compat
 from trimpass.serving.head import check_draft_map
 from trimpass.serving.vllm_settings import hf_config, vocab_size
 
@@ -95,17 +96,13 @@ def _drafter_arch(arch: str, method: str) -> str:
 
 def _check_classes(target_archs: list, drafter_archs: list, method: str, target_dir: str,
                    where: str) -> None:
-    from vllm.model_executor.models import ModelRegistry
-    from vllm.model_executor.models.interfaces import supports_eagle3
-    known = ModelRegistry.get_supported_archs()
+    known = compat.supported_archs()
     built = [_drafter_arch(a, method) for a in drafter_archs]
     if not any(a in known for a in built):
         raise ValueError(f"{where}: architectures {drafter_archs}: vLLM has no {method} drafter "
                          f"class {' or '.join(built) or '(none named)'}; use an EAGLE checkpoint "
                          "of an architecture vLLM drafts with (e.g. LlamaForCausalLM)")
-    if method == "eagle3":
-        classes = [ModelRegistry._try_load_model_cls(a) for a in target_archs]
-        if not any(c is not None and supports_eagle3(c) for c in classes):
-            raise ValueError(f"method: the target {target_dir} ({', '.join(target_archs)}) does "
-                             "not give vLLM's EAGLE-3 drafters its layers' hidden states "
-                             "(SupportsEagle3); use method='eagle' or 'draft_model'")
+    if method == "eagle3" and not any(compat.supports_eagle3(a) for a in target_archs):
+        raise ValueError(f"method: the target {target_dir} ({', '.join(target_archs)}) does "
+                         "not give vLLM's EAGLE-3 drafters its layers' hidden states "
+                         "(SupportsEagle3); use method='eagle' or 'draft_model'")

@@ -23,7 +23,7 @@ def memory(trimmer) -> dict:
     ``compact_bytes`` (every compact copy in this process, oneDNN's packed copies counted apart in
     ``packed_bytes``) against ``compact_bound`` (``MAX_UNION`` rows of the head and their packed
     copy). The vLLM route has no escape path, hence no escape proxy."""
-    st, W = trimmer.state, trimmer.model.lm_head.weight
+    st, W = trimmer.state, trimmer.head.weight
     held = compact.held_bytes()
     out = {"compact_bytes": held["rows"] + held["packed"], "packed_bytes": held["packed"],
            "compact_bound": 2 * MAX_UNION * W.shape[1] * W.element_size() + MAX_UNION * 8}
@@ -42,12 +42,12 @@ class Report:
 
     interval = 1.0
 
-    def __init__(self, stats_dir: str | None, vllm_config):
+    def __init__(self, stats_dir: str | None, rank: int = 0):
         self.path = None
         if stats_dir:
             os.makedirs(stats_dir, exist_ok=True)
             self.path = os.path.join(stats_dir, f"trimpass-worker-{os.getpid()}.json")
-        self.rank = getattr(vllm_config.parallel_config, "rank", 0)
+        self.rank = rank
         self.high: dict = {}
         self._last, self._rows = 0.0, None
 

@@ -1,7 +1,11 @@
-"""Where the vLLM workers' trimpass settings come from, importable without vLLM: ``TRIMPASS_VLLM``,
-then ``trimpass.json`` beside the drafter checkpoint, checked into a :class:`TrimConfig` for the
-drafter's vocabulary. Shared by the public face (:mod:`trimpass.serving.vllm`) and the worker glue
-(:mod:`trimpass.serving.vllm_hooks`)."""
+"""Where the vLLM workers' trimpass settings come from, importable without vLLM, checked into a
+:class:`TrimConfig` for the drafter's vocabulary. First ``TRIMPASS_DISABLE=1`` (off everywhere),
+then vLLM's ``additional_config`` under the key ``trimpass`` (what :func:`trimpass.serving.vllm.
+engine_args` returns; vLLM 0.32 carries it in its ``VllmConfig`` to every worker, so it must be
+JSON: :func:`carried` refuses a setting it cannot carry), then the command line's fallbacks: the
+``TRIMPASS_VLLM`` environment variable, then ``trimpass.json`` beside the drafter checkpoint.
+Shared by the public face (:mod:`trimpass.serving.vllm`) and the workers' hooks
+(:mod:`trimpass.serving.vllm_state`)."""
 from __future__ import annotations
 
 import json
@@ -53,33 +57,68 @@ def checked_config(settings: dict, V: int) -> TrimConfig:
     return cfg
 
 
-def resolve(drafter_dir: str | None) -> dict | None:
+def carried(settings: dict, where: str = "additional_config") -> dict:
+    """``settings`` as vLLM's ``additional_config`` carries them to the workers: JSON (vLLM
+    hashes it as JSON and sends it to every worker); a value it cannot carry is refused by
+    name."""
+    for k, v in settings.items():
+        try:
+            same = json.loads(json.dumps(v, allow_nan=False)) == v
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise TrimpassError(f"{k}: {where} carries JSON values only (lists, numbers, strings, "
+                                f"dicts) to vLLM's workers, got {type(v).__name__}; give a list "
+                                "or a file path")
+    return settings
+
+
+def _settings_file(drafter_dir: str | None) -> dict | None:
+    path = os.path.join(drafter_dir or "", SETTINGS_FILE)
+    if not drafter_dir or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return dict(json.load(f))
+
+
+def resolve(drafter_dir: str | None, additional=None) -> dict | None:
     """The trim settings a worker uses, or None when trimming is off: ``TRIMPASS_DISABLE=1``
-    wins, then ``TRIMPASS_VLLM`` (``0``/``1`` or a JSON object), then ``trimpass.json`` beside the
-    drafter checkpoint (``{"trim": false}`` turns it off)."""
+    wins, then ``additional`` (``additional_config["trimpass"]``), then ``TRIMPASS_VLLM``
+    (``0``/``1`` or a JSON object), then ``trimpass.json`` beside the drafter checkpoint
+    (``{"trim": false}`` turns it off)."""
     if disabled():
         return None
     env = os.environ.get(ENV, "").strip()
-    if env:
+    if additional is not None:
+        d = dict(additional)
+    elif env:
         if env in ("0", "false"):
             return None
         return {} if env in ("1", "true") else dict(json.loads(env))
-    if not drafter_dir or not os.path.isfile(os.path.join(drafter_dir, SETTINGS_FILE)):
-        return None
-    d = _settings_file(drafter_dir)
+    else:
+        d = _settings_file(drafter_dir)
+        if d is None:
+            return None
     d.pop("budget", None)
     return d if d.pop("trim", True) else None
 
 
-def _settings_file(drafter_dir: str) -> dict:
-    with open(os.path.join(drafter_dir, SETTINGS_FILE)) as f:
-        return dict(json.load(f))
-
-
-def resolve_budget(drafter_dir: str | None) -> dict | None:
-    """The D-Cut settings a worker uses (``budget`` in ``trimpass.json``), or None: off with
-    ``TRIMPASS_DISABLE=1`` or without the file or the key. Independent of trimming."""
-    if disabled() or not drafter_dir or not os.path.isfile(os.path.join(drafter_dir,
-                                                                          SETTINGS_FILE)):
+def resolve_budget(drafter_dir: str | None, additional=None) -> dict | None:
+    """The D-Cut settings a worker uses (``budget`` in ``additional``, else in
+    ``trimpass.json``), or None: off with ``TRIMPASS_DISABLE=1`` or without either. Independent
+    of trimming."""
+    if disabled():
         return None
-    return _settings_file(drafter_dir).get("budget")
+    d = dict(additional) if additional is not None else _settings_file(drafter_dir)
+    return None if d is None else d.get("budget")
+
+
+def budget_settings(budget, gamma_max: int) -> dict:
+    """A budget given as a policy name or a dict, checked against ``gamma_max``."""
+    from trimpass.budget.policies import POLICIES, check_settings
+    if isinstance(budget, str):
+        budget = {"policy": budget}
+    if not isinstance(budget, dict):
+        raise ValueError(f"budget: expected a policy name ({', '.join(POLICIES)}) or a dict of "
+                         f"budget settings, got {type(budget).__name__}")
+    return check_settings(budget, gamma_max)

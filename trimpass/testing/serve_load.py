@@ -1,5 +1,5 @@
 """A bounded load-and-fault run against vLLM's OpenAI-compatible server (``tests/serving`` and
-``bench/serve_load.py``): :class:`Server` starts ``python -m vllm.entrypoints.openai.api_server`` on
+``bench/serve_load.py``): :class:`Server` starts vLLM's OpenAI server (``python -m`` its module) on
 127.0.0.1 (a free port; its log in a file) and stops it; :func:`plan` makes the traffic (greedy and
 sampled, streamed and not, mixed lengths, each good prompt drawn from its own range of ids so a
 leaked id names its request, client aborts mid-stream, bad requests interleaved); :func:`drive`
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from trimpass.serving.vllm_compat import API_SERVER
+
 BAD_KINDS = ("too_long", "max_tokens_0", "negative_temperature", "empty_prompt")
 
 
@@ -39,7 +41,7 @@ class Server:
                  start_timeout: float = 300.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host",
+        self.cmd = [sys.executable, "-m", API_SERVER, "--host",
                     "127.0.0.1", "--port", str(self.port), "--model", model, *args]
         self.log, self.env, self.start_timeout = log, env, start_timeout
         self.proc = None

@@ -1,0 +1,217 @@
+"""The policy runner: one drafter's verification budget through an engine's proposals,
+engine-independent. Before a proposal :meth:`PolicyRunner.begin` says how many drafting steps to
+run (the policy may skip it; every :data:`PROBE_EVERY`-th skip in a row at a batch bucket drafts
+anyway, so its timings and the calibration stay current, and a bucket drafts until it has timed
+:data:`TIMED_MIN` proposals); during it :meth:`PolicyRunner.drafted` records each drafted token's
+confidence (the drafter's probability of the token it drafted) and raises :class:`StopDrafting`
+where the policy ends drafting (requests it stops count 0 from then on); after it
+:meth:`PolicyRunner.cut` cuts the draft into per-request prefixes. Confidences are calibrated by
+what the target accepted of earlier drafts (:meth:`PolicyRunner.accepted`). The timings
+(:class:`trimpass.budget.timings.Timings`) and the cost model
+(:class:`trimpass.budget.costmodel.EngineCost`) are its parts; the engine feeds them."""
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+from trimpass.budget.calibration import Calibration
+from trimpass.budget.costmodel import EngineCost
+from trimpass.budget.policies import make
+from trimpass.budget.timings import Timings, bucket
+
+PROBE_EVERY = 16  # while a batch bucket skips its proposals, one in this many drafts anyway
+TIMED_MIN = 3  # drafting proposals a bucket times before it may skip (its first may run cold)
+
+
+class StopDrafting(Exception):
+    """Raised inside a proposal's drafting loop to end it before the next drafter forward."""
+
+
+class PolicyRunner:
+    """One drafter's policy, timings, cost model, calibration and counters. ``shares_cache``:
+    the drafter's attention uses the target's KV cache, so a skipped proposal runs no forward."""
+
+    def __init__(self, settings: dict, gamma_max: int, *, shares_cache: bool = False):
+        self.gamma_max = int(gamma_max)
+        self.policy = make(settings, self.gamma_max)
+        self.shares_cache = bool(shares_cache)
+        self.timings = Timings()
+        self.cost = EngineCost(self.timings.overhead, self.settings.get("table"))
+        self.calibration = Calibration()
+        self.counts = collections.Counter()
+        self.kept = collections.Counter()  # K (drafted tokens verified in all) -> steps
+        self.depth = collections.Counter()  # drafting steps run -> proposals
+        self._skipped: set = set()  # requests whose last proposal was skipped
+        self._resumed: set = set()  # requests whose drafts in verification follow a skip
+        self._skips_in_row: dict = {}  # batch bucket -> proposals skipped in a row
+        self._sent: dict = {}  # request id -> raw prefix scores of the drafts it sent to verify
+        self._start()
+
+    def _start(self) -> None:
+        self.conf: list[torch.Tensor] = []
+        self._ids: list[torch.Tensor] = []
+        self._probs: list[torch.Tensor] = []
+        self._t: list[float] = [time.perf_counter()]
+        self._stopped: torch.Tensor | None = None
+        self._gamma_run: int | None = None
+        self._timed = False
+
+    @property
+    def settings(self) -> dict:
+        return self.policy.settings
+
+    def set(self, settings: dict) -> None:
+        """A new policy; its counters start from zero, the cost model and timings are kept."""
+        self.policy = make(settings, self.gamma_max)
+        for c in (self.counts, self.kept, self.depth):
+            c.clear()
+
+    # ---- before and during a proposal ----------------------------------------------------------
+    def begin(self, batch: int | None, gamma: int, tokens: int | None) -> int | None:
+        """A proposal of ``batch`` requests asking for ``gamma`` drafted tokens after a target
+        pass of ``tokens`` tokens: the drafting steps to run (0: the first forward only, which
+        keeps a drafter's own cache in step), or None (no drafter forward at all)."""
+        self._start()
+        self._gamma_run = gamma
+        # a first forward over prompt tokens (a prefill in the batch) is not a drafting step's time
+        self._timed = batch is None or tokens is None or tokens <= batch * (1 + self.gamma_max)
+        if batch is None or not gamma or not self._skip(batch):
+            return gamma
+        if self.shares_cache:  # the target's pass already wrote every layer's cache
+            self.counts["skipped"] += 1
+            return None
+        self.counts["skipped_first_forward_ran"] += 1
+        self._gamma_run = 0
+        return 0
+
+    def _skip(self, batch: int) -> bool:
+        t = self.timings
+        accept_max = float(self.calibration.scores(torch.ones(1, dtype=torch.float64))[0])
+        timed = t.count("first_s", batch) >= TIMED_MIN
+        skip = self.policy.skip(batch=batch, gamma=self.gamma_max, cost=self.cost.step_cost,
+                                first_s=t.at("first_s", batch) if timed else None,
+                                step_s=t.at("step_s", batch), accept_max=accept_max)
+        k = bucket(batch)
+        if skip and self.policy.name != "none":
+            n = self._skips_in_row[k] = self._skips_in_row.get(k, 0) + 1
+            if n % PROBE_EVERY == 0:
+                self.counts["probes"] += 1
+                return False
+        elif not skip:
+            self._skips_in_row[k] = 0
+        return skip
+
+    def drafted(self, ids: torch.Tensor, conf: torch.Tensor, probs: torch.Tensor | None) -> None:
+        """One drafting step: each request's token, its confidence [B] and (probabilistic
+        drafts) its probabilities [B, V]. Raises :class:`StopDrafting` where drafting ends."""
+        self._ids.append(ids)
+        if probs is not None:
+            self._probs.append(probs)
+        if self._stopped is not None:
+            conf = torch.where(self._stopped, torch.zeros_like(conf), conf)
+        self.conf.append(conf.clamp(0, 1).nan_to_num(0.0))
+        self._t.append(time.perf_counter())
+        d = len(self._ids)
+        if d < (self._gamma_run or 0) and self._stop_after(d):
+            raise StopDrafting
+
+    def _stop_after(self, d: int) -> bool:
+        B, t = self.conf[-1].shape[0], self.timings
+        first, step = t.at("first_s", B), t.at("step_s", B)
+        conf = None
+        if self.policy.reads_confidence and self.cost.table is not None and \
+                step is not None and first is not None:
+            conf = self.calibration.confidences(torch.stack(self.conf, dim=1).cpu())
+        stop, active = self.policy.stop(conf=conf, d=d, gamma=int(self._gamma_run),
+                                        cost=self.cost.step_cost, first_s=first, step_s=step,
+                                        elapsed_s=self._t[-1] - self._t[0])
+        if active is not None:
+            self._stopped = ~active.to(self.conf[-1].device)
+        return stop
+
+    def stopped_draft(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The tokens drafted before :class:`StopDrafting` ([B, d]) and their probabilities."""
+        self.counts["stopped_early"] += 1
+        probs = torch.stack(self._probs, dim=1).contiguous() if self._probs else None
+        return torch.stack(self._ids, dim=1), probs
+
+    # ---- after a proposal ----------------------------------------------------------------------
+    def cut(self, draft, req_ids=None):
+        """Each request's kept prefix of this proposal's ``draft`` [B, d], as lists."""
+        if not isinstance(draft, torch.Tensor) or draft.dim() != 2 or len(self.conf) != \
+                draft.shape[1]:
+            self.counts["unbudgeted"] += 1
+            return draft
+        B, d = draft.shape
+        t = self._t
+        if req_ids is not None:
+            self._follow_skips(req_ids, skipped=d == 0)
+        if d == 0:
+            self.depth[0] += 1
+            self.kept[0] += 1
+            return [[] for _ in range(B)]
+        if self._timed:
+            self.timings.record("first_s", B, t[1] - t[0])
+        if d > 1:
+            self.timings.record("step_s", B, (t[-1] - t[1]) / (d - 1))
+        raw = torch.stack(self.conf, dim=1).cpu().double()
+        if not self.policy.reads_confidence or self.cost.table is None or B == 0:
+            n = torch.full((B,), d, dtype=torch.long)
+        else:
+            n = self.policy.keep(conf=self.calibration.confidences(raw),
+                                 cost=self.cost.step_cost, draft_time=t[-1] - t[0])
+        rows, lengths = draft.cpu().tolist(), n.tolist()
+        kept = [row[:k] for row, k in zip(rows, lengths, strict=True)]
+        if req_ids is not None:
+            scores = torch.cumprod(raw, dim=1).tolist()
+            self._sent = {rid: sc[:k] for rid, sc, k in zip(req_ids, scores, lengths,
+                                                            strict=False) if k}
+        self.kept[int(n.sum())] += 1
+        self.counts["mixed"] += int(len(set(lengths)) > 1)
+        self.depth[d] += 1
+        self.counts["proposals"] += 1
+        self.counts["drafted"] += B * d
+        return kept
+
+    def _follow_skips(self, req_ids, skipped: bool) -> None:
+        if skipped:
+            self._skipped, self._resumed = set(req_ids), set()
+        else:
+            self._resumed, self._skipped = self._skipped & set(req_ids), set()
+
+    def accepted(self, req_ids, emitted: list[int]) -> None:
+        """What the target accepted of the drafts sent last step: ``emitted[i]`` tokens request
+        ``req_ids[i]`` emitted this step (its accepted drafts and one more)."""
+        if not self._sent:
+            return
+        for rid, v in zip(req_ids, emitted, strict=False):
+            scores = self._sent.pop(rid, None)
+            if scores and v > 0:
+                self.calibration.observe(scores, v - 1)
+                got = min(v - 1, len(scores))
+                self.counts["accepted"] += got
+                if rid in self._resumed:  # the first drafts after a skipped proposal
+                    self.counts["resumed_sent"] += len(scores)
+                    self.counts["resumed_accepted"] += got
+        self._sent.clear()
+
+    def observed(self, scheduled: dict, drafts: dict, tokens: int, seconds: float) -> None:
+        """One engine step: ``scheduled`` request -> tokens, ``drafts`` request -> drafted
+        tokens verified, ``tokens`` in all, its forward's ``seconds``; a pure decode step (every
+        request: 1 + its drafts) refines the cost model."""
+        lengths = [int(v) for v in drafts.values()]
+        self.counts["verified"] += sum(lengths)
+        self.counts["verified_mixed"] += int(len(set(lengths)) > 1)
+        self.counts["verified_max"] = max(self.counts["verified_max"], max(lengths, default=0))
+        if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
+            self.cost.observe(len(scheduled), int(tokens), seconds)
+
+    def stats(self) -> dict:
+        return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
+                "shares_cache": self.shares_cache, **self.timings.as_dict(),
+                **dict(self.counts), "cost_measurements": self.cost.measurements,
+                "updates": self.cost.updates, "kept": dict(self.kept),
+                "depth": dict(self.depth),
+                "table": None if self.cost.table is None else self.cost.table.to_dict()}
