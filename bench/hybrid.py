@@ -31,11 +31,16 @@ def _args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens per prompt")
     ap.add_argument("--prompt-tokens", type=int, default=320, help="prompt length cap")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy; above 0: every row samples at this temperature")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="out", help="folder for hybrid_<dtype>.png")
     a = ap.parse_args(argv)
     for name in ("prompts", "new_tokens", "prompt_tokens"):
         if getattr(a, name) < 1:
             ap.error(f"argument --{name.replace('_', '-')}: must be >= 1")
+    if a.temperature < 0 or a.threads < 0:
+        ap.error("arguments --temperature and --threads: must be >= 0")
     return a
 
 
@@ -60,11 +65,15 @@ class Row:
     def __init__(self, name, run, loop_key=None):
         self.name, self.run, self.loop_key = name, run, loop_key
         self.seconds, self.tokens, self.outs, self.passes, self.prev = {}, {}, {}, {}, None
+        self.graphs = {}  # graphs compiled while timed
 
 
-def _rows(model, n):
+def _rows(model, n, temperature):
     import trimpass
     from trimpass.hf import lookup
+    # the same distribution in every row: HF's generation_config may carry a top-k and a top-p
+    sample = dict(do_sample=True, temperature=temperature) if temperature else dict(do_sample=False)
+    hf = dict(sample, top_k=0, top_p=1.0) if temperature else sample
 
     class NoMatch(lookup.Lookup):
         def propose(self, limit):
@@ -72,20 +81,20 @@ def _rows(model, n):
             return [], 0
 
     def fused(**kw):
-        return lambda ids: trimpass.generate(model, ids, n, **kw)
+        return lambda ids: trimpass.generate(model, ids, n, **sample, **kw)
 
     def control(ids):
         real, lookup.Lookup = lookup.Lookup, NoMatch
         try:
-            return trimpass.generate(model, ids, n, lookup=14)
+            return trimpass.generate(model, ids, n, lookup=14, **sample)
         finally:
             lookup.Lookup = real
 
     return [
         Row("plain target (HF generate)",
-            lambda ids: model.generate(ids, do_sample=False, max_new_tokens=n)),
+            lambda ids: model.generate(ids, max_new_tokens=n, **hf)),
         Row("HF prompt lookup (10 tokens)", lambda ids: model.generate(
-            ids, do_sample=False, max_new_tokens=n, prompt_lookup_num_tokens=10)),
+            ids, max_new_tokens=n, prompt_lookup_num_tokens=10, **hf)),
         Row("fused loop, trimmed self-drafts alone (lookup=False)", fused(lookup=False), False),
         Row("fused loop, lookup + trimmed self-drafts (default)", fused(), True),
         Row("control: lookup on, proposals discarded", control, 14),
@@ -98,13 +107,16 @@ def main(argv=None) -> int:
     import transformers
 
     from trimpass.hf import gemma as G
+    from trimpass.hf.assisted import compiled_graphs
     transformers.logging.set_verbosity_error()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log = logging.getLogger("bench.hybrid")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     model = G.load_model(dtype)
     sets = prompt_sets(G.GGUFTokenizer(), a.prompts, a.prompt_tokens)
-    rows = _rows(model, a.new_tokens)
+    rows = _rows(model, a.new_tokens, a.temperature)
     for r in rows:
         log.info("warm-up: %s", r.name)
         r.run(torch.tensor(sets["warm"]))
@@ -114,10 +126,12 @@ def main(argv=None) -> int:
     for s in SETS:
         for p in sets[s]:
             ids = torch.tensor([p])
-            for r in rows:
-                t = time.perf_counter()
+            for i, r in enumerate(rows):
+                torch.manual_seed(1000 * done + i)
+                graphs, t = compiled_graphs(), time.perf_counter()
                 out = r.run(ids)
                 dt = time.perf_counter() - t
+                r.graphs[s] = r.graphs.get(s, 0) + compiled_graphs() - graphs
                 k = out.shape[1] - ids.shape[1]
                 r.seconds[s] = r.seconds.get(s, 0.0) + dt
                 r.tokens[s] = r.tokens.get(s, 0) + k
@@ -139,20 +153,23 @@ def _report(rows, a, model):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     plain, hf_lookup, alone = rows[0], rows[1], rows[2]
+    mode = f"sampled at T = {a.temperature}" if a.temperature else "greedy"
+    tag = f"{a.dtype}_t{a.temperature:g}" if a.temperature else a.dtype
     fig, axes = plt.subplots(1, len(SETS), figsize=(12, 3.6), dpi=120, sharey=True)
     for s, ax in zip(SETS, axes, strict=True):
         tps = {r.name: r.tokens[s] / r.seconds[s] for r in rows}
         best_peer = max(tps[hf_lookup.name], tps[alone.name])
         print(f"\nset {s}: Gemma-3-270M {a.dtype}, {len(plain.outs[s])} prompts x "
-              f"{a.new_tokens} tokens, greedy")
+              f"{a.new_tokens} tokens, {mode}, {torch.get_num_threads()} threads")
         print("| row | tokens/s | x plain | x better of lookup and fused | body passes / token |"
-              " = plain greedy |")
-        print("|---|---|---|---|---|---|")
+              " graphs compiled while timed | = plain greedy |")
+        print("|---|---|---|---|---|---|---|")
         for r in rows:
             same = sum(torch.equal(x, y) for x, y in zip(r.outs[s], plain.outs[s], strict=True))
+            same = "-" if a.temperature else f"{same}/{len(plain.outs[s])}"
             passes = f"{r.passes[s] / r.tokens[s]:.2f}" if r.passes.get(s) else "-"
             print(f"| {r.name} | {tps[r.name]:.2f} | x{tps[r.name] / tps[plain.name]:.2f} | "
-                  f"x{tps[r.name] / best_peer:.2f} | {passes} | {same}/{len(plain.outs[s])} |")
+                  f"x{tps[r.name] / best_peer:.2f} | {passes} | {r.graphs[s]} | {same} |")
         ax.barh(range(len(rows)), [tps[r.name] / tps[plain.name] for r in rows],
                 color=["tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:olive"])
         ax.axvline(1.0, color="black", ls="--", lw=1)
@@ -160,10 +177,10 @@ def _report(rows, a, model):
         ax.set_xlabel("tokens/s ÷ plain target's", fontsize=8)
     axes[0].set_yticks(range(len(rows)), [r.name for r in rows], fontsize=7)
     axes[0].invert_yaxis()
-    fig.suptitle(f"Gemma-3-270M, {a.dtype}, greedy, {a.new_tokens} new tokens", fontsize=9)
+    fig.suptitle(f"Gemma-3-270M, {a.dtype}, {mode}, {a.new_tokens} new tokens", fontsize=9)
     fig.tight_layout()
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"hybrid_{a.dtype}.png")
+    path = os.path.join(a.out, f"hybrid_{tag}.png")
     fig.savefig(path)
     print(f"plot: {path}")
 

@@ -24,6 +24,15 @@ def test_the_longest_recurring_suffix_proposes_what_followed_it_last():
     assert fresh.propose(10) == ([], 0)
 
 
+def test_a_loop_closer_than_the_proposal_is_repeated_to_its_length():
+    text = Lookup(tokens=8, ngram=3)
+    text.extend([4, 1, 2, 3, 1, 2, 3])  # "2 3" last ended 3 tokens back: a loop of 3
+    assert text.propose(10) == ([1, 2, 3, 1, 2, 3, 1, 2], 3)
+    assert text.propose(5) == ([1, 2, 3, 1, 2], 3)
+    text.extend([7])  # "3 7" never occurred: "7" alone neither; nothing recurs
+    assert text.propose(10) == ([], 0)
+
+
 def test_the_choice_follows_tokens_per_ms():
     c = Chooser(gamma=8)
     c.time("step_ms", 10.0)

@@ -1,21 +1,22 @@
-"""The shapes the fused loop compiles, chosen so that no prompt length compiles a new graph: a
-prompt is prefilled in chunks of ``CHUNK`` tokens (its last chunk padded), drafting runs one token
-at a time, and the static KV cache comes in power-of-two capacities from ``MIN_CAPACITY`` up to the
-model's context, with its length dimension dynamic in every graph (:class:`BucketLayer`). So two
-graphs serve every prompt from 1 token to the context: the chunk and the one-token step, each
-compiled once. A step's attention covers the cache's capacity, the smallest bucket that holds the
-prompt and its new tokens: its cost follows the tokens the cache holds, within a factor of two, not
-the largest prompt seen. Why these sizes: ``docs/fused.md``.
+"""The shapes the fused loop compiles, chosen so that no prompt length compiles a new graph:
+drafting runs one token at a time (a static shape), every pass over more tokens (a prompt's chunk
+of up to ``CHUNK`` tokens, a batched verification) has a dynamic row count, and the static KV cache
+holds the request's positions rounded up to a multiple of ``GRANULE``, with its length dimension
+dynamic in every graph (:class:`BucketLayer`). So two graphs serve every prompt from 1 token to the
+context, each compiled once. A step's attention covers the cache's capacity, so its cost follows
+the tokens the request holds (within ``GRANULE`` positions), not the largest prompt seen. Why these
+sizes: ``docs/fused.md``.
 """
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-# 64 rows keep a chunk's matmuls efficient (bf16 AMX tiles are 16 rows) while a short prompt pays
-# little for its padding: about 73 ms a chunk against 35 ms a one-token step (real Gemma-3, bf16)
-CHUNK = 64
-MIN_CAPACITY = 256
+# a prompt longer than CHUNK is prefilled in passes of CHUNK tokens: the attention scores of one
+# pass (heads x CHUNK x capacity, fp32) stay small however long the context
+CHUNK = 512
+GRANULE = 256
+MIN_CAPACITY = GRANULE
 
 
 class BucketLayer(StaticLayer):
@@ -49,15 +50,10 @@ def context_of(model) -> int | None:
     return int(n) if isinstance(n, int) and n > 0 else None
 
 
-def padded(length: int) -> int:
-    """Positions a chunked prefill of ``length`` tokens writes (its last chunk padded)."""
-    return -(-length // CHUNK) * CHUNK
-
-
 def capacity_for(tokens: int, context: int | None) -> int:
-    """The bucket for a request of ``tokens`` positions: the next power of two from
-    ``MIN_CAPACITY``, at most the model's context (but never less than what the request writes)."""
-    cap = max(MIN_CAPACITY, 1 << (max(tokens, 1) - 1).bit_length())
+    """The cache for a request of ``tokens`` positions: rounded up to a multiple of ``GRANULE``,
+    at most the model's context (``check_length`` keeps a request within it)."""
+    cap = -(-max(tokens, 1) // GRANULE) * GRANULE
     return max(tokens, min(cap, context)) if context is not None else cap
 
 

@@ -34,9 +34,8 @@ log = logging.getLogger("trimpass")
 # the defaults: x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
 GAMMA, CONFIDENCE = 8, 0.4
 # lookup drafts: up to 15 tokens after the longest recurring suffix of up to 4 tokens, verified in
-# one pass of 16 rows (one static shape, whose cost the loop times against a one-token step)
+# one pass over them (the prefill's graph: its row count is dynamic), timed against a one-token step
 LOOKUP_TOKENS, NGRAM = 15, 4
-VERIFY = LOOKUP_TOKENS + 1
 
 
 @dataclass
@@ -201,9 +200,7 @@ class FusedLoop:
     def _fresh_cache(self, prompt: int, new: int) -> Cache:
         """An empty cache of the bucket for a prompt of ``prompt`` tokens and ``new`` more (a new
         bucket is a new cache, not a new graph: the length dimension is dynamic in both graphs)."""
-        extra = VERIFY if self.lookup_tokens else 0  # a verification's padded rows
-        capacity = buckets.capacity_for(max(prompt + new + extra, buckets.padded(prompt)),
-                                        self.context)
+        capacity = buckets.capacity_for(prompt + new, self.context)
         if capacity != self.capacity:
             self.cache, self.capacity = None, 0  # the old bucket's memory first
             self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
@@ -214,40 +211,39 @@ class FusedLoop:
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(length)
 
-    def _run(self, ids: torch.Tensor, at: int, row: int = 0):
+    def _pass(self, ids: torch.Tensor, at: int):
+        """One body pass over ``ids[1, n]`` from position ``at``: every row's hidden state, the last
+        row's, and its trimmed logits. One token runs the one-token step's graph; more run one
+        graph whose row count is dynamic (a prompt's chunk, a verification: any length)."""
+        # a slice of a longer prompt keeps that prompt's row stride, and Dynamo guards on strides
+        ids = torch.empty_like(ids, memory_format=torch.contiguous_format).copy_(ids)
         positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
-        if self.context is not None:  # a padded chunk's last rows (overwritten later)
-            positions.clamp_(max=self.context - 1)
-        return self.step(ids, positions, torch.tensor([row], device=ids.device), self.cache)[1:]
+        if ids.shape[1] > 1:
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            torch._dynamo.maybe_mark_dynamic(positions, 1)
+        row = torch.tensor([ids.shape[1] - 1], device=ids.device)
+        return self.step(ids, positions, row, self.cache)
+
+    def _run(self, ids: torch.Tensor, at: int):
+        return self._pass(ids, at)[1:]
 
     def _verify(self, tokens: list[int], at: int) -> torch.Tensor:
-        """Every row's hidden state of one body pass over ``tokens`` from position ``at``, padded
-        to ``VERIFY`` rows with its last token (the pad's keys are rolled back after)."""
-        ids = torch.tensor([tokens + tokens[-1:] * (VERIFY - len(tokens))],
-                           device=self.head.weight.device)
-        positions = torch.arange(at, at + VERIFY, device=ids.device).unsqueeze(0)
-        if self.context is not None:
-            positions.clamp_(max=self.context - 1)
-        row = torch.tensor([len(tokens) - 1], device=ids.device)
-        return self.step(ids, positions, row, self.cache)[0][:len(tokens)].clone()
+        """Every row's hidden state of one body pass over ``tokens`` from position ``at``."""
+        ids = torch.tensor([tokens], device=self.head.weight.device)
+        return self._pass(ids, at)[0].clone()
 
     def _prefill(self, ids: torch.Tensor):
-        """The prompt in chunks of ``buckets.CHUNK`` tokens, the last padded with the prompt's last
-        token (no new id reaches the active set); returns the last real row's (h, logits)."""
-        P, C = ids.shape[1], buckets.CHUNK
-        for start in range(0, P, C):
-            n = min(C, P - start)
-            chunk = ids[:, -1:].expand(1, C).clone()  # a fresh [1, C] tensor: one stride
-            chunk[:, :n] = ids[:, start:start + n]
-            self._rollback(start)
-            h, z = self._run(chunk, start, n - 1)
-        self._rollback(P)
+        """The prompt in passes of up to ``buckets.CHUNK`` tokens; returns the last row's (h,
+        logits)."""
+        for start in range(0, ids.shape[1], buckets.CHUNK):
+            h, z = self._run(ids[:, start:start + buckets.CHUNK], start)
+        self._rollback(ids.shape[1])
         return h, z
 
     def warm_up(self) -> float:
-        """Compile every graph the loop runs (the chunk, the one-token step and, with lookup, the
-        verification pass) on a scratch request of the smallest bucket, and time each for the
-        chooser; returns the seconds it took (0 if they were compiled already)."""
+        """Compile every graph the loop runs (the one-token step and the pass over many rows: a
+        prompt's chunk, a verification) on a scratch request, and time both for the chooser;
+        returns the seconds it took (0 if they were compiled already)."""
         if self.warmed:
             return 0.0
         t0 = time.perf_counter()
@@ -255,15 +251,15 @@ class FusedLoop:
         device = self.head.weight.device
         state = self.backend.state_for(self.step) if self.speculate else None
         with torch.no_grad():
-            self._fresh_cache(1, 1)
-            ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-            self._prefill(ids)
-            self._run(ids, 1)
+            self._fresh_cache(2, LOOKUP_TOKENS + 1)
+            ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+            self._prefill(ids)  # the graph of many rows
+            self._run(ids[:, :1], 2)  # the one-token step
             if self.lookup_tokens:
-                self._verify([0, 0], 2)
-                for kind, run in (("step_ms", lambda: self._run(ids, 1)),
-                                  ("verify_ms", lambda: self._verify([0, 0], 2))):
-                    self.chooser.time(kind, _best_ms(run))  # the chooser's first costs
+                for kind, run in (("step_ms", lambda: self._run(ids[:, :1], 2)),
+                                  ("verify_ms", lambda: self._verify([0] * 16, 2))):
+                    # the chooser's first costs; each call from the same cache length
+                    self.chooser.time(kind, _best_ms(lambda r=run: (self._rollback(2), r())))
             if state is None:
                 state = self.backend.state_for(self.step) if self.speculate else None
             if state is not None and state.V is not None:

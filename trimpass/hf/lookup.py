@@ -33,12 +33,17 @@ class Lookup:
                 self.follow[tuple(self.seq[i - n:i])] = i
 
     def propose(self, limit: int) -> tuple[list[int], int]:
-        """Up to ``min(tokens, limit)`` tokens that followed the longest earlier occurrence of the
-        text's suffix, and that suffix's length (0 and no tokens where nothing recurs)."""
+        """``min(tokens, limit)`` tokens that followed the latest earlier occurrence of the text's
+        longest recurring suffix, and that suffix's length (0 and no tokens where nothing recurs).
+        Where that occurrence is closer to the end than the tokens wanted, the text since it is
+        taken as a period and repeated: a greedy loop's text does exactly that, and proposing only
+        the tokens up to the end cut its proposals to the loop's length."""
+        want = min(self.tokens, limit)
         for n in range(min(self.ngram, len(self.seq)), 0, -1):
             at = self.follow.get(tuple(self.seq[-n:]))
             if at is not None:
-                return self.seq[at:at + min(self.tokens, limit)], n
+                period = len(self.seq) - at  # the text since that occurrence repeats with it
+                return [self.seq[at + i % period] for i in range(want)], n
         return [], 0
 
 
