@@ -34,7 +34,10 @@ def _args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
     ap.add_argument("--out", default="out", help="folder for lengths_<dtype>.png")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args(argv)
+    if a.threads < 0:
+        ap.error("argument --threads: must be >= 0")
     if a.prompts < 2 or a.new_tokens < 1 or not 2 <= a.shortest < a.longest:
         ap.error("need --prompts >= 2, --new-tokens >= 1 and 2 <= --shortest < --longest")
     if a.longest - a.shortest + 1 < a.prompts:
@@ -126,6 +129,8 @@ def main(argv=None) -> int:
     from trimpass.hf import gemma as G
     from trimpass.hf.assisted import compiled_graphs
     transformers.logging.set_verbosity_error()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log = logging.getLogger("bench.lengths")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]

@@ -24,10 +24,11 @@ from trimpass.backend import (
 )
 from trimpass.config import Escape, TrimConfig, TrimpassError
 from trimpass.dynamic import ops as _dynamic_ops  # noqa: F401  (and the dynamic vocabulary's)
+from trimpass.hf.output_cache import OutputCache
 
 __all__ = ["backend", "trim", "self_drafter", "generate", "warm_up", "TrimConfig", "Escape",
            "TrimpassError", "TrimpassWarning", "explain", "reset", "stats", "observe", "pair",
-           "active_ids", "active_state", "ops"]
+           "active_ids", "active_state", "ops", "OutputCache"]
 
 
 def backend(**config) -> TrimBackend:
@@ -176,7 +177,8 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
 def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              attention_mask=None, gamma: int | None = None, confidence: float | None = None,
-             speculate: bool = True, lookup: bool | int = True, **config) -> torch.Tensor:
+             speculate: bool = True, lookup: bool | int = True, output_cache=None,
+             **config) -> torch.Tensor:
     """Decode with ``model`` drafting for itself in one fused loop; returns prompt + new ids
     ``[1, P + n]``, as ``model.generate`` does. The trimmed head drafts up to ``gamma`` tokens,
     stopping where its confidence drops below ``confidence``; the full head verifies the body's
@@ -189,6 +191,9 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     suffix occurred before, the tokens that followed it (up to 15, or ``lookup`` tokens) are
     verified in one batched body pass, chosen per round over the trimmed self-draft by expected
     tokens per ms (:mod:`trimpass.hf.lookup`); ``lookup=False`` drafts with the trimmed head alone.
+    ``output_cache`` (an :class:`OutputCache`; default None, off) adds this model's earlier outputs
+    as lookup sources, and keeps this call's: off by default, since it lets one request's text
+    draft for another.
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
@@ -197,10 +202,12 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     fused.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
                      top_p)
     buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model))
-    loop = _fused_loop(model, gamma, confidence, speculate, fused.lookup_tokens(lookup), config)
+    tokens = fused.lookup_tokens(lookup)
+    fused.check_output_cache(output_cache, tokens, model)
+    loop = _fused_loop(model, gamma, confidence, speculate, tokens, config)
     model._trimpass_fused = loop  # the one stats(model) reports
     sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
-    return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model))
+    return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model), output_cache)
 
 
 def _fused_loop(model, gamma, confidence, speculate, lookup_tokens, config):

@@ -3,9 +3,9 @@ for itself through its own trimmed head and verifies with its full head, without
 
 The body runs one token at a time, as plain decoding does, over a static KV cache (every layer a
 full-length static layer: a sliding-window layer's mask still applies the window, and rolling
-back is setting the cache's length); the prompt is prefilled in fixed chunks, and the cache comes in
-power-of-two buckets whose length is dynamic in the compiled graphs, so the first call compiles
-every graph the loop runs and no later prompt compiles another (:mod:`trimpass.hf.buckets`).
+back is setting the cache's length); the prompt is prefilled in passes whose row count is dynamic,
+and the cache's length is dynamic in the compiled graphs, so the first call compiles both graphs
+the loop runs and no later prompt compiles another (:mod:`trimpass.hf.buckets`).
 Each step's hidden state is kept; the trimmed head (the step compiled through trimpass) drafts the
 next token. Every ``gamma`` steps, or where the trimmed
 confidence drops below ``confidence``, the full head verifies the kept hidden states in one batched
@@ -123,6 +123,21 @@ def lookup_tokens(lookup) -> int:
                      f"int in [1, {LOOKUP_TOKENS}]; got {lookup!r}")
 
 
+def check_output_cache(cache, lookup_tokens: int, model) -> None:
+    """A clear error for an ``output_cache`` the call cannot use, before any compute; binds it to
+    ``model``'s vocabulary."""
+    if cache is None:
+        return
+    from trimpass.hf.output_cache import OutputCache
+    if not isinstance(cache, OutputCache):
+        raise ValueError(f"output_cache: a trimpass.OutputCache or None, got "
+                         f"{type(cache).__name__}")
+    if not lookup_tokens:
+        raise ValueError("output_cache: earlier outputs are lookup drafts; it needs lookup on "
+                         "(lookup=True), not lookup=False")
+    cache.bind(model.get_output_embeddings().weight.shape[0])
+
+
 def check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
                top_p) -> None:
     """A clear error for a bad argument of :func:`trimpass.generate`, before any compute."""
@@ -198,11 +213,11 @@ class FusedLoop:
         self.warmed = False
 
     def _fresh_cache(self, prompt: int, new: int) -> Cache:
-        """An empty cache of the bucket for a prompt of ``prompt`` tokens and ``new`` more (a new
-        bucket is a new cache, not a new graph: the length dimension is dynamic in both graphs)."""
+        """An empty cache for a prompt of ``prompt`` tokens and ``new`` more (a new size is a new
+        cache, not a new graph: the length dimension is dynamic in both graphs)."""
         capacity = buckets.capacity_for(prompt + new, self.context)
         if capacity != self.capacity:
-            self.cache, self.capacity = None, 0  # the old bucket's memory first
+            self.cache, self.capacity = None, 0  # the old cache's memory first
             self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
         self._rollback(0)
         return self.cache
@@ -364,7 +379,8 @@ class FusedLoop:
         return int(torch.multinomial(sampler.target(self.head(h)), 1)[0, 0])
 
     @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens, sampler, eos: set[int]) -> torch.Tensor:
+    def generate(self, input_ids, max_new_tokens, sampler, eos: set[int],
+                 outputs=None) -> torch.Tensor:
         self.warm_up()
         state = self.backend.state_for(self.step) if self.speculate else None
         if state is not None and state.V is not None:
@@ -374,7 +390,7 @@ class FusedLoop:
         ids = input_ids.to(self.head.weight.device)
         h, _ = self._prefill(ids)
         out = [self._first(h, sampler)]
-        text = lookup.Lookup(self.lookup_tokens, NGRAM if self.lookup_tokens else 0)
+        text = lookup.Lookup(self.lookup_tokens, NGRAM if self.lookup_tokens else 0, outputs)
         self.chooser.new_request()
         text.extend(input_ids[0].tolist() + out)
         while len(out) < max_new_tokens and out[-1] not in eos:
@@ -386,6 +402,8 @@ class FusedLoop:
                 out = out[:i + 1]
                 break
         self.stats.emitted += len(out)
+        if outputs is not None:
+            outputs.add(out)
         tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, tail], dim=1)
 

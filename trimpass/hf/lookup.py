@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 class Lookup:
     """Prompt lookup over one request's tokens, kept incrementally (``extend`` as tokens arrive)."""
 
-    def __init__(self, tokens: int, ngram: int):
-        self.tokens, self.ngram = tokens, ngram
+    def __init__(self, tokens: int, ngram: int, outputs=None):
+        """``outputs``: an :class:`~trimpass.hf.output_cache.OutputCache` of earlier requests'
+        outputs, searched beside the request's own text (None: the request's text alone)."""
+        self.tokens, self.ngram, self.outputs = tokens, ngram, outputs
         self.seq: list[int] = []
         self.follow: dict[tuple, int] = {}  # n-gram -> index of the token that followed it last
 
@@ -39,12 +41,18 @@ class Lookup:
         taken as a period and repeated: a greedy loop's text does exactly that, and proposing only
         the tokens up to the end cut its proposals to the loop's length."""
         want = min(self.tokens, limit)
+        own, match = [], 0
         for n in range(min(self.ngram, len(self.seq)), 0, -1):
             at = self.follow.get(tuple(self.seq[-n:]))
             if at is not None:
                 period = len(self.seq) - at  # the text since that occurrence repeats with it
-                return [self.seq[at + i % period] for i in range(want)], n
-        return [], 0
+                own, match = [self.seq[at + i % period] for i in range(want)], n
+                break
+        if self.outputs is not None and match < self.ngram:
+            theirs, n = self.outputs.propose(self.seq, want)
+            if n > match:  # an earlier output matches a longer suffix than the text itself
+                return theirs, n
+        return own, match
 
 
 @dataclass

@@ -1,0 +1,68 @@
+"""Earlier outputs of one model as a source of lookup drafts for later requests (suffix decoding's
+global tree, kept as an n-gram index): off unless the user passes an :class:`OutputCache` to
+:func:`trimpass.generate`, because it makes one request's output visible to the next. It holds at
+most ``max_tokens`` tokens of outputs (the oldest output leaves first), its index at most
+``2 * ngram`` entries a held token (stale entries are dropped by a rebuild), it refuses a model of
+another vocabulary, and ``clear()`` forgets everything.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class OutputCache:
+    """Outputs of earlier requests of one model, indexed by every n-gram of up to ``ngram`` tokens
+    (the newest place it was followed by a token); bounded by ``max_tokens``."""
+
+    def __init__(self, max_tokens: int = 65536, ngram: int = 4):
+        for name, value, lo in (("max_tokens", max_tokens, 1), ("ngram", ngram, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"OutputCache: {name} must be an int >= {lo}, got {value!r}")
+        self.max_tokens, self.ngram = max_tokens, ngram
+        self.vocab: int | None = None  # the model's vocabulary, bound at the first use
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every output (the vocabulary binding stays)."""
+        self.outputs: OrderedDict[int, list[int]] = OrderedDict()
+        self.follow: dict[tuple, tuple[int, int]] = {}  # n-gram -> (output, index after it)
+        self.tokens, self.serial = 0, 0
+
+    def bind(self, vocab: int) -> None:
+        """Refuse a model whose vocabulary is not the one this cache holds ids of."""
+        if self.vocab is None:
+            self.vocab = vocab
+        elif vocab != self.vocab:
+            raise ValueError(f"output_cache: holds ids of a {self.vocab}-token vocabulary, this "
+                             f"model has {vocab}; use one OutputCache per model")
+
+    def add(self, ids) -> None:
+        """Keep one request's output (the oldest outputs leave to stay within ``max_tokens``)."""
+        seq = [int(t) for t in ids][-self.max_tokens:]
+        if len(seq) < 2:
+            return
+        while self.outputs and self.tokens + len(seq) > self.max_tokens:
+            self.tokens -= len(self.outputs.popitem(last=False)[1])
+        self.serial += 1
+        self.outputs[self.serial] = seq
+        self.tokens += len(seq)
+        self._index(self.serial, seq)
+        if len(self.follow) > 2 * self.ngram * self.max_tokens:  # stale entries of old outputs
+            self.follow = {}
+            for key, out in self.outputs.items():
+                self._index(key, out)
+
+    def _index(self, key: int, seq: list[int]) -> None:
+        for i in range(1, len(seq)):
+            for n in range(1, min(self.ngram, i) + 1):
+                self.follow[tuple(seq[i - n:i])] = (key, i)
+
+    def propose(self, text: list[int], limit: int) -> tuple[list[int], int]:
+        """Up to ``limit`` tokens that followed the longest suffix of ``text`` (up to ``ngram``
+        tokens) in a held output, and that suffix's length (0 and nothing where none matches)."""
+        for n in range(min(self.ngram, len(text)), 0, -1):
+            hit = self.follow.get(tuple(text[-n:]))
+            if hit is not None and hit[0] in self.outputs:
+                out = self.outputs[hit[0]]
+                return out[hit[1]:hit[1] + limit], n
+        return [], 0
