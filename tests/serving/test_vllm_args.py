@@ -300,3 +300,27 @@ def test_eagle_routes_need_vllms_classes_for_the_drafter_and_the_target(tmp_path
     with pytest.raises(ValueError, match="vLLM has no eagle drafter class EagleOddForCausalLM"):
         tv.engine_args(llama, odd, 3, method="eagle")
     assert tv.engine_args(gemma, _eagle(tmp_path / "e1"), 3, method="eagle")
+
+
+@pytest.mark.parametrize("version, mismatches, places, self_drafting", [
+    (tv.TESTED_VERSION, [], None, True),
+    ("0.33.0", [], None, False),  # accepted: every wrapper, but not the target's own KV cache
+    ("0.31.1", [MISMATCH], ("vllm.engine.arg_utils:EngineArgs.create_engine_config",), None),
+])
+def test_the_plugin_installs_what_the_version_allows(monkeypatch, version, mismatches, places,
+                                                     self_drafting):
+    from trimpass.serving import vllm_compat
+    monkeypatch.delenv("TRIMPASS_DISABLE", raising=False)
+    monkeypatch.delenv(tv.ENV, raising=False)
+    _as(monkeypatch, version, mismatches)
+    got = []
+    monkeypatch.setattr(vllm_compat, "install", lambda hooks, places=None: got.append(
+        (hooks, places)))
+    tv.register()
+    assert len(got) == 1 and got[0][1] == places
+    if self_drafting is not None:
+        assert got[0][0].self_drafting_ok is self_drafting
+    monkeypatch.setenv(tv.ENV, "1")  # trimming asked through the environment: refused now
+    if mismatches:
+        with pytest.raises(TrimpassError, match="execute_model"):
+            tv.register()
