@@ -77,6 +77,11 @@ def test_the_source_check_names_a_symbol_whose_parameters_changed():
                                    "def propose_draft_token_ids(self, output"}))
     assert len(bad) == 1 and bad[0].startswith(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids: parameters")
+    renamed = vv.check_source(_reader({"self._draft_attn_layer_names = {": "self._names = {",
+                                       "    _draft_attn_layer_names = None": "    _names = None"}))
+    assert renamed == ["vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer."
+                       "_draft_attn_layer_names: SpecDecodeBaseProposer has no "
+                       "_draft_attn_layer_names"]
     gone = vv.check_source(lambda m: None if m == "vllm.logger" else _reader({})(m))
     assert gone == ["vllm.logger:init_logger: no module vllm.logger"]
 

@@ -143,6 +143,13 @@ SYMBOLS = (
         ("positions", "the first forward's position buffer"),
         ("_enable_probabilistic_draft_probs", "probabilistic drafts are on, private"),
         ("_draft_attn_layer_names", "the drafter's attention layer names, private"))),
+    *(Symbol(f"vllm.model_executor.models.gemma3:Gemma3ForCausalLM.{a}", "read", p, m) for a, p, m
+      in (("compute_logits", ("self", "hidden_states"),
+           "the drafter's plain logits (every causal-LM drafter has it; Gemma3's recorded)"),
+          ("lm_head", (), "the head (a ParallelLMHead; its weight [V, d])"),
+          ("logits_processor", (), "softcap, scale, vocabulary, shard gathering"))),
+    Symbol("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.draft_id_to_target_id",
+           "read", (), "an EAGLE-3 head's own vocabulary: row i scores target id i + d2t[i]"),
     Symbol(f"{_P}._last_draft_probs", "written", (),
            "the draft's probabilities [B, d, V] for vLLM's rejection sampler, private",
            "a draft ended early keeps the probabilities of the tokens it has"),
