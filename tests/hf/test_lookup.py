@@ -9,7 +9,7 @@ import torch
 import trimpass
 from tests.graph.test_hf import V
 from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals, peaked_llama
-from trimpass.hf.lookup import Chooser, Lookup
+from trimpass.hf.lookup import PROBE, Chooser, Lookup
 
 
 def test_the_longest_recurring_suffix_proposes_what_followed_it_last():
@@ -37,16 +37,29 @@ def test_the_choice_follows_tokens_per_ms():
     c = Chooser(gamma=8)
     c.time("step_ms", 10.0)
     c.time("verify_ms", 12.0)
-    assert not c.use_lookup(0)  # nothing recurs: nothing to verify
+    assert not c.use_lookup(0) and not c.prefers_lookup(0)  # nothing recurs: nothing to verify
     for _ in range(20):  # self-drafts emit 6 tokens in 6 steps (0.1 tokens/ms)
         c.self_tokens.add(0, 6)
         c.self_steps.add(0, 6)
     for _ in range(20):  # one-token matches keep nothing: 1 token in 12 ms
         c.lookup.add(1, 1)
-    assert not c.use_lookup(1)
+    assert not c.prefers_lookup(1)
     for _ in range(20):  # four-token matches keep 5: 6 tokens in 12 ms
         c.lookup.add(4, 6)
-    assert c.use_lookup(4) and c.use_lookup(7)
+    assert c.prefers_lookup(4) and c.prefers_lookup(7)
+
+
+def test_lookup_is_probed_at_a_requests_first_match_and_after_passing_over_it():
+    c = Chooser(gamma=8)
+    c.time("step_ms", 10.0)
+    c.time("verify_ms", 60.0)  # a cost that once ran high: lookup is never preferred
+    assert not c.prefers_lookup(4)
+    assert not c.use_lookup(0)  # no match: no probe
+    assert c.use_lookup(2)  # the request's first match
+    picks = [c.use_lookup(2) for _ in range(3 * (PROBE + 1) + 3)]
+    assert picks == ([False] * PROBE + [True]) * 3 + [False] * 3
+    c.new_request()
+    assert c.use_lookup(1)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llama"])

@@ -9,12 +9,16 @@ that followed it there, at no body step. The fused loop verifies them in one bat
 times on this machine (a one-token body step, a batched verification pass) and the request's own
 record: tokens emitted per lookup round by match length, and per trimmed self-draft round with the
 steps it took. A lookup round emits ``1 + E[accepted | match length]`` tokens for one batched pass;
-a self-draft round emits its recorded tokens per round for its recorded steps. The rule and its
+a self-draft round emits its recorded tokens per round for its recorded steps. A choice that only
+ever picks one source never learns the other's worth, so lookup also runs, as a probe, at the first
+match of each request and after ``PROBE`` matches in a row it was not chosen for. The rule and its
 arithmetic: ``docs/fused.md``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+PROBE = 8  # matches passed over in a row before lookup runs anyway, to refresh its record and cost
 
 
 class Lookup:
@@ -82,16 +86,29 @@ class Chooser:
         self.new_request()
 
     def new_request(self) -> None:
-        """Forget the last request's record (its text is not this one's); keep the costs."""
+        """Forget the last request's record (its text is not this one's); keep the costs. The
+        request's first match is a probe."""
         self.lookup = Record(prior=2.0)  # keyed by match length (capped at 4)
         self.self_tokens = Record(prior=self.gamma / 2)
         self.self_steps = Record(prior=self.gamma / 2)
+        self.passed_over = PROBE
 
     def time(self, kind: str, ms: float) -> None:
         old = getattr(self, kind)
         setattr(self, kind, ms if old is None else 0.9 * old + 0.1 * ms)
 
     def use_lookup(self, match: int) -> bool:
+        """Whether this round verifies the lookup proposal of a ``match``-token suffix: where it
+        is worth more tokens per ms, or as a probe."""
+        if match == 0:
+            return False
+        if self.passed_over >= PROBE or self.prefers_lookup(match):
+            self.passed_over = 0
+            return True
+        self.passed_over += 1
+        return False
+
+    def prefers_lookup(self, match: int) -> bool:
         if match == 0:
             return False
         step = self.step_ms or 1.0
