@@ -98,7 +98,22 @@ def _rows(model, n, temperature):
         Row("fused loop, trimmed self-drafts alone (lookup=False)", fused(lookup=False), False),
         Row("fused loop, lookup + trimmed self-drafts (default)", fused(), True),
         Row("control: lookup on, proposals discarded", control, 14),
-    ]
+    ] + _suffix_row(model, n, temperature)
+
+
+def _suffix_row(model, n, temperature):
+    """ArcticInference's suffix decoding where it is installed, greedy (``bench/suffix_peer.py``);
+    else the reason, printed."""
+    import suffix_peer
+
+    from trimpass.hf.fused import eos_ids
+    cache = suffix_peer.cache_or_reason()
+    if isinstance(cache, str) or temperature:
+        print(f"suffix decoding peer not run: {cache if isinstance(cache, str) else 'greedy only'}")
+        return []
+    eos = eos_ids(model)
+    return [Row("ArcticInference suffix decoding (its global cache on)",
+                lambda ids: suffix_peer.generate(model, ids, n, cache, eos))]
 
 
 @torch.no_grad()
@@ -171,7 +186,8 @@ def _report(rows, a, model):
             print(f"| {r.name} | {tps[r.name]:.2f} | x{tps[r.name] / tps[plain.name]:.2f} | "
                   f"x{tps[r.name] / best_peer:.2f} | {passes} | {r.graphs[s]} | {same} |")
         ax.barh(range(len(rows)), [tps[r.name] / tps[plain.name] for r in rows],
-                color=["tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:olive"])
+                color=["tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:olive",
+                       "tab:purple"][:len(rows)])
         ax.axvline(1.0, color="black", ls="--", lw=1)
         ax.set_title(f"{s} prompts", fontsize=9)
         ax.set_xlabel("tokens/s ÷ plain target's", fontsize=8)
