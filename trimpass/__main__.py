@@ -157,7 +157,8 @@ def _demo_args(d) -> None:
                    "what a user gets) or aot_eager (compiles in half the time)")
     d.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the whole model drafting for itself in the fused loop "
-                   "(trimpass.generate), the fastest configuration measured here")
+                   "(trimpass.generate with its defaults: lookup drafts and trimmed "
+                   "self-drafts), the fastest configuration measured here")
     d.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the models run (default: cuda when a GPU is present, else cpu)")
     d.add_argument("--out", default="out", help="folder for demo.png")
@@ -289,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("demo", _demo, _demo_args, "the main job: the real Gemma-3-270M drafter, trimmed vs not",
          "Hugging Face assisted generation with the real Gemma-3-270M: target at full "
          "vocabulary, a truncated drafter trimmed by trimpass and not; prints a table and writes "
-         "a PNG."),
+         "a PNG. Each phase logs a line on stderr as it ends, with about how long the rest will "
+         "take."),
         ("bench", _bench, _bench_args, "time full vs trimmed vs pre-gathered heads, as ratios",
          "Side-by-side head timings on real drafters' shapes."),
         ("select", _select, _select_args, "choose a static vocabulary from real text (TPE search)",

