@@ -30,6 +30,26 @@ def test_batched_greedy_decisions_are_the_one_row_products():
         assert again >= 2 and head.calls[0] == 7 and head.calls[1:1 + again] == [1] * again
 
 
+def test_rows_past_the_first_disagreement_are_not_computed_again():
+    torch.manual_seed(1)
+    W = torch.randn(4099, 48)
+    H = torch.randn(7, 48)
+    H[5] = H[0]
+    W[17] = W[4000] = H[0] * 2  # rows 0 and 5 tie at the top
+    head = _Head(W)
+    want = torch.stack([head(H[j:j + 1]).argmax(-1)[0] for j in range(7)])
+    keep = want[:3].clone()
+    drafted = torch.cat([keep, (want[3:6] + 1) % 4099])  # rows 0-2 agree, row 3 does not
+    head.calls.clear()
+    ids, again = greedy(head, H, drafted)
+    assert again == 1 and head.calls == [7, 1]  # row 0 again; row 5, past row 3, not
+    assert torch.equal(ids[:4], want[:4])  # the rows the round keeps: exact
+    drafted[:] = want[:6]  # every draft agrees: both near-ties are computed again
+    head.calls.clear()
+    ids, again = greedy(head, H, drafted)
+    assert again == 2 and torch.equal(ids, want)
+
+
 def _direct(p, q, n, gen):
     out = torch.empty(n, dtype=torch.long)
     for i in range(n):

@@ -40,9 +40,13 @@ def tolerance(top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ULPS.get(dtype, 256.0) * torch.finfo(dtype).eps * top.float().abs().clamp(min=1.0)
 
 
-def greedy(head: FullHead, h: torch.Tensor) -> tuple[torch.Tensor, int]:
+def greedy(head: FullHead, h: torch.Tensor,
+           drafted: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """The full head's argmax for each row of ``h`` [k, d], as the one-row product of that row gives
-    it; returns (ids [k], rows computed again alone). One host read when k > 1."""
+    it; returns (ids [k], rows computed again alone). One host read when k > 1. With ``drafted``
+    (the tokens rows ``0 .. len(drafted) - 1`` verify), only the rows a round keeps are exact: those
+    up to the first that disagrees with its draft (a near-tie past it is not computed again: its
+    token is never emitted, and a one-row product costs about a whole head's weight read)."""
     z = head(h)
     if h.shape[0] == 1:
         return z.argmax(-1), 0
@@ -50,10 +54,19 @@ def greedy(head: FullHead, h: torch.Tensor) -> tuple[torch.Tensor, int]:
     ids = top.indices[:, 0].clone()
     close = (top.values[:, 0].float() - top.values[:, 1].float()) <= tolerance(top.values[:, 0],
                                                                                z.dtype)
-    rows = close.nonzero().flatten().tolist()
-    for j in rows:
+    again = 0
+    for j in close.nonzero().flatten().tolist():
+        if drafted is not None and j > agreed(ids, drafted):
+            break
         ids[j] = head(h[j:j + 1]).argmax(-1)[0]
-    return ids, len(rows)
+        again += 1
+    return ids, again
+
+
+def agreed(ids: torch.Tensor, drafted: torch.Tensor) -> int:
+    """How many leading drafted tokens equal the target's ``ids``."""
+    k = min(drafted.shape[0], ids.shape[0])
+    return int(torch.ne(ids[:k], drafted[:k]).cumsum(0).eq(0).sum())
 
 
 def speculative(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor,

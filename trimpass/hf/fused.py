@@ -309,9 +309,9 @@ class FusedLoop:
         s.rounds, s.drafted, s.body_steps = s.rounds + 1, s.drafted + k, s.body_steps + k
         s.trimmed_calls, s.verifications = s.trimmed_calls + k, s.verifications + 1
         if sampler is None:
-            target, again = accept.greedy(self.head, H)
+            target, again = accept.greedy(self.head, H, d)
             s.rechecks += again
-            n = int(torch.ne(target, d).cumsum(0).eq(0).sum())
+            n = accept.agreed(target, d)
             new = d[:n].tolist() + ([int(target[n])] if n < k else [])
         else:
             n, fix = accept.speculative(sampler.target(self.head(H)), torch.cat(qs), d)
@@ -329,9 +329,9 @@ class FusedLoop:
         k, H = len(proposal), self._verify([token, *proposal], at)
         d = torch.tensor(proposal, device=H.device)
         if sampler is None:
-            target, again = accept.greedy(self.head, H)
+            target, again = accept.greedy(self.head, H, d)
             self.stats.rechecks += again
-            n = int(torch.ne(target[:k], d).cumsum(0).eq(0).sum())
+            n = accept.agreed(target, d)
             new = proposal[:n] + [int(target[n])]
         else:
             p = sampler.target(self.head(H))
