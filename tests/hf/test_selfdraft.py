@@ -103,3 +103,26 @@ def test_a_batch_of_two_is_refused_by_hugging_face_with_its_reason():
     with torch.no_grad(), pytest.raises(ValueError, match="only supported for batch_size = 1"):
         model.generate(torch.randint(0, V, (2, 5)), assistant_model=draft, max_new_tokens=2,
                        do_sample=False, pad_token_id=0)
+
+
+def test_the_drafter_keeps_its_cache_across_rounds():
+    """Each round the drafter reads only the tokens it has not seen (at most the last round's
+    kept drafts and the target's token), never the whole sequence again."""
+    from trimpass.hf.selfdraft import shared_copy
+    torch.manual_seed(0)
+    model = MODELS["gemma3"]().eval()
+    draft = shared_copy(model, 4, 0.0)
+    seen = []
+    base = getattr(draft, draft.base_model_prefix)
+    handle = base.register_forward_pre_hook(
+        lambda m, args, kw: seen.append((kw.get("input_ids", args[0] if args else None)).shape[1]),
+        with_kwargs=True)
+    ids = torch.randint(0, V, (1, 40))
+    with torch.no_grad():
+        out = model.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=30,
+                             pad_token_id=0)
+    handle.remove()
+    assert seen[0] == 40 and len(seen) > 8
+    assert max(seen[1:]) <= 4 + 1, seen  # gamma drafts + the target's token
+    assert torch.equal(out, model.generate(ids, do_sample=False, max_new_tokens=30,
+                                           pad_token_id=0))

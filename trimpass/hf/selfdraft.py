@@ -80,7 +80,9 @@ def _full_length_layers(prepare):
     def wrapped(generation_config, model_kwargs, *args, **kwargs):
         out = prepare(generation_config, model_kwargs, *args, **kwargs)
         cache = model_kwargs.get("past_key_values")
-        if isinstance(cache, DynamicCache):
+        # a cache carried over from the last round is already ours, and holds the request so far
+        if isinstance(cache, DynamicCache) and not all(isinstance(x, FullLayer)
+                                                       for x in cache.layers):
             cache.layers = [FullLayer() for _ in cache.layers]
         return out
     return wrapped
