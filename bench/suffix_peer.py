@@ -32,6 +32,8 @@ def generate(model, ids: torch.Tensor, n: int, cache, eos: set[int]) -> torch.Te
     """Greedy decoding of up to ``n`` tokens after ``ids[1, P]`` with suffix drafts from ``cache``
     (which keeps this response for later requests, as ArcticInference does)."""
     from transformers import DynamicCache
+
+    from trimpass.hf.fused import through_eos
     req = next(_ids)
     seq = ids[0].tolist()
     cache.start_request(req, seq)
@@ -55,8 +57,5 @@ def generate(model, ids: torch.Tensor, n: int, cache, eos: set[int]) -> torch.Te
         seq += kept
         new += kept
     cache.stop_request(req)
-    for i, t in enumerate(new):
-        if t in eos:
-            new = new[:i + 1]
-            break
+    new = through_eos(new, eos)
     return torch.cat([ids, torch.tensor([new[:n]])], dim=1)

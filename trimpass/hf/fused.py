@@ -397,10 +397,7 @@ class FusedLoop:
             new = self._next(out[-1], P + len(out) - 1, max_new_tokens - len(out), sampler, text)
             out += new
             text.extend(new)
-        for i, t in enumerate(out):
-            if t in eos:
-                out = out[:i + 1]
-                break
+        out = through_eos(out, eos)
         self.stats.emitted += len(out)
         if outputs is not None:
             outputs.add(out)
@@ -416,6 +413,11 @@ def _best_ms(run, tries: int = 3) -> float:
         run()
         best = min(best, time.perf_counter() - t)
     return 1e3 * best
+
+
+def through_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """``ids`` up to and with their first EOS (a round may emit tokens past it)."""
+    return next((ids[:i + 1] for i, t in enumerate(ids) if t in eos), ids)
 
 
 def eos_ids(model) -> set[int]:
