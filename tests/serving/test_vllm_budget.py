@@ -2,13 +2,14 @@
 own wrappers of vLLM's ``propose`` and ``_sample_draft_tokens``, installed on a stand-in for vLLM's
 proposer (no vLLM needed): where drafting stops, what the cut returns, the confidences it reads,
 what it learns from acceptance."""
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from trimpass.budget import CostTable
-from trimpass.budget.runner import PROBE_EVERY, TIMED_MIN, PolicyRunner
+from trimpass.budget.runner import TIMED_MIN, PolicyRunner
 from trimpass.budget.timings import WINDOW
 from trimpass.serving import vllm_compat as compat
 from trimpass.serving import vllm_state
@@ -170,6 +171,21 @@ def test_a_budget_refuses_async_scheduling_and_bad_settings():
     assert HOOKS.state(p) is None  # nothing registered: vLLM's own methods run
 
 
+def test_a_cost_table_from_another_deployment_is_refused_at_load():
+    import dataclasses
+    p = Proposer(_steps())
+    table = {**_table(1.0), "model": "/models/other:torch.bfloat16"}
+    other = dataclasses.replace(_drafter(p), additional={"trim": False, "budget": {
+        "policy": "dcut", "table": table}})
+    with pytest.raises(RuntimeError, match="measured for /models/other:torch.bfloat16.*stand-in"):
+        HOOKS.loaded(p, other)
+    assert HOOKS.state(p) is None
+    mine = dataclasses.replace(other, additional={"trim": False, "budget": {
+        "policy": "dcut", "table": {**table, "model": "stand-in"}}})
+    HOOKS.loaded(p, mine)  # the table stats(llm) gives back names its deployment
+    assert HOOKS.worker_stats(HOOKS.state(p))["budget"]["table"]["model"] == "stand-in"
+
+
 def test_dcut_stops_drafting_where_a_step_costs_more_than_it_can_win():
     p = Proposer(_steps(5, sharp=8.0))
     b = _budget(p, policy="dcut", table=_table(0.0))  # verified tokens are free...
@@ -202,24 +218,38 @@ def test_a_step_where_no_draft_can_pay_skips_the_drafter(shares_cache):
         assert p.forwards == 0 and b.counts["skipped"] == 1
     else:  # vLLM's own K = 0 path keeps the drafter's cache in step
         assert p.forwards == 1 and p.asked == 0 and b.counts["skipped_first_forward_ran"] == 1
-    p.forwards = 0  # a batch of 5 falls in another bucket, not timed yet: it drafts, and is timed
-    b.cut(p.propose(**{**STEP, "next_token_ids": torch.zeros(5, dtype=torch.int64)}), ids)
-    assert p.forwards >= 1 and p.asked == GAMMA and b.counts["proposals"] == TIMED_MIN + 1
+    # a batch of 5 falls in another bucket, not timed yet: its timings are bucket 4's, scaled by
+    # the cost model (flat here), so it skips without drafting first
+    p.forwards = 0
+    five = {**STEP, "next_token_ids": torch.zeros(5, dtype=torch.int64)}
+    assert sum(map(len, b.cut(p.propose(**five), ids))) == 0
+    assert p.forwards == 0 if shares_cache else p.asked == 0
+    assert b.counts["proposals"] == TIMED_MIN and b.timing("first_s", 5) == \
+        b.timing("first_s", 3) == b.timings.first_s[4]
+    # with no timed bucket at all, a bucket drafts and is timed
+    fresh = _budget(Proposer(_steps(6)), shares_cache, policy="dcut", table=_table(10.0))
+    assert fresh.timing("first_s", 5) is None
 
 
-def test_a_prefill_is_not_timed_and_skipping_probes_now_and_then():
+def test_a_prefill_is_not_timed_and_skipping_probes_when_a_probe_is_priced_worth_it():
     p = Proposer(_steps(9))
-    b = _budget(p, True, policy="dcut", table=_table(10.0))
+    b = _budget(p, True, policy="dcut", table=_table(10.0), probe=1.0)
     prefill = {**STEP, "target_token_ids": torch.zeros(B * 50, dtype=torch.int64)}
     b.cut(p.propose(**prefill), ["a", "b", "c"])
     assert b.timings.first_s == {} and b.counts["proposals"] == 1  # prompts: not drafting time
     for _ in range(TIMED_MIN):  # still untimed: drafts, and is timed now
         b.cut(p.propose(**STEP), ["a", "b", "c"])
     assert list(b.timings.first_s) == [4] and b.counts["proposals"] == 1 + TIMED_MIN
-    for _ in range(2 * PROBE_EVERY):
+    # a probe verifies 12 drafted tokens at 10 s each for at most 4 s saved: it is due once the
+    # skipped plain steps (1 s each) add up to its loss (probe=1.0), then at twice that
+    loss = b.probes.loss(B, GAMMA, b.cost.step_cost, b.timing("first_s", B),
+                         b.timing("step_s", B), 1.0)
+    assert 110 < loss < 121
+    n = math.ceil(loss)
+    for _ in range(3 * n + 2):  # n skips, a probe, about 2n skips, a probe
         b.cut(p.propose(**STEP), ["a", "b", "c"])
     assert b.counts["probes"] == 2 and b.counts["proposals"] == 3 + TIMED_MIN
-    assert b.counts["skipped"] == 2 * PROBE_EVERY - 2
+    assert b.counts["skipped"] == 3 * n and b.stats()["probe_rates"] == {4: 0.25}
 
 
 def test_free_verification_never_skips_and_paused_speculation_always_does():

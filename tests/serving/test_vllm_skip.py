@@ -5,7 +5,7 @@ drafter forward, and a drafting step's first forward runs over each request's ne
 the drafter's first drafted row after each resume must equal (within 1e-4: the rows are computed
 in batches of another shape) the row of a run that paused nothing with the drafter on its own
 cache and vLLM's own first forward, and a negative control (forwards skipped, cache not shared)
-must not."""
+must not. A step that verifies no draft runs vLLM's plain sampler, not its rejection sampler."""
 import json
 
 import pytest
@@ -57,3 +57,12 @@ def test_after_skipped_steps_the_drafters_logits_equal_a_run_that_skipped_nothin
         assert compared >= 30 and bad == 0, (name, compared, bad)
     compared, bad = _compare(skips["stale"], ref)  # the check can fail: a stale cache differs
     assert compared >= 30 and bad > compared // 2, (compared, bad)
+
+
+def test_a_step_that_verifies_no_draft_runs_the_plain_sampler(skips):
+    for name in ("shared", "own"):
+        s = skips[name]["sampling"]
+        assert s["steps_no_drafts"] > 0 and s["steps_drafts"] > 0, (name, s)
+        assert s.get("rejection_no_drafts", 0) == 0, (name, s)
+        assert s["rejection_drafts"] == s["steps_drafts"], (name, s)  # the count sees it run
+        assert skips[name]["plain_steps"] == s["steps_no_drafts"], name

@@ -138,6 +138,7 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
         vllm_state.DrafterState.share_cache = share_nothing
     if settings.get("own_cache"):  # the drafter keeps its own cache, as vLLM's route does
         vllm_kv.same_model = lambda drafter, target: False
+    sampling = count_sampling()
     fixed = {"policy": "fixed", "gamma": K}
     llm = LLM(**tv.engine_args(d, None, K, budget=fixed, check=True, learn_core=0,
                                keep=list(range(512)), capacity=1024),
@@ -169,7 +170,34 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
                                   "first": st.get("first", {}),
                                   "shared_cache": st.get("shared_cache", {}),
                                   "calls": st["calls"], "violations": st["violations"],
-                                  "steps": st["steps"]}), flush=True)
+                                  "steps": st["steps"], "plain_steps": st["plain_steps"],
+                                  "sampling": dict(sampling)}), flush=True)
+
+
+def count_sampling():
+    """Counts, in this process's engine, the engine steps with and without drafted tokens to
+    verify (``steps_drafts``, ``steps_no_drafts``) and the rejection sampler's calls in each
+    (``rejection_drafts``, ``rejection_no_drafts``)."""
+    import collections
+
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    counts, now = collections.Counter(), {"kind": None}
+    execute, reject = GPUModelRunner.execute_model, RejectionSampler.forward
+
+    def counted_execute(self, scheduler_output, *args, **kwargs):
+        drafts = sum(len(v) for v in scheduler_output.scheduled_spec_decode_tokens.values())
+        now["kind"] = "drafts" if drafts else "no_drafts"
+        counts[f"steps_{now['kind']}"] += 1
+        return execute(self, scheduler_output, *args, **kwargs)
+
+    def counted_reject(self, *args, **kwargs):
+        if now["kind"] is not None:  # not the start-up's dummy sampler run
+            counts[f"rejection_{now['kind']}"] += 1
+        return reject(self, *args, **kwargs)
+
+    GPUModelRunner.execute_model, RejectionSampler.forward = counted_execute, counted_reject
+    return counts
 
 
 def main() -> None:

@@ -16,8 +16,10 @@ import torch
 
 from trimpass.budget.costmodel import CostTable
 from trimpass.budget.dcut import dcut, draft_more, drafting_pays, next_step_pays
+from trimpass.budget.probes import Probes
 
-SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table")
+SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table", "probe")
+PROBE = 1 / 16  # the probe setting's default: the share of skipped seconds probes may spend
 
 
 class Policy:
@@ -142,6 +144,7 @@ def check_settings(settings: dict, gamma_max: int) -> dict:
         if policy != "dcut":
             raise ValueError("budget buckets: only the dcut policy takes buckets")
         dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=buckets)  # dcut's own checks
+    Probes(s.setdefault("probe", PROBE))  # its own check
     m = s.setdefault("measure_s", 10.0)
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 30:
         raise ValueError(f"budget measure_s: the start-up measurement's seconds, in (0, 30], got "

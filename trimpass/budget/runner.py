@@ -1,8 +1,10 @@
 """The policy runner: one drafter's verification budget through an engine's proposals,
 engine-independent. Before a proposal :meth:`PolicyRunner.begin` says how many drafting steps to
-run (the policy may skip it; every :data:`PROBE_EVERY`-th skip in a row at a batch bucket drafts
-anyway, so its timings and the calibration stay current, and a bucket drafts until it has timed
-:data:`TIMED_MIN` proposals); during it :meth:`PolicyRunner.drafted` records each drafted token's
+run (the policy may skip it; a skipped one drafts anyway where
+:class:`trimpass.budget.probes.Probes` prices a probe worth it, so the timings and the calibration
+stay current; a bucket's timings are its own once it has timed :data:`TIMED_MIN` proposals,
+before that its nearest timed bucket's, scaled by the cost model, or none: then it drafts, and is
+timed); during it :meth:`PolicyRunner.drafted` records each drafted token's
 confidence (the drafter's probability of the token it drafted) and raises :class:`StopDrafting`
 where the policy ends drafting (requests it stops count 0 from then on); after it
 :meth:`PolicyRunner.cut` cuts the draft into per-request prefixes. Confidences are calibrated by
@@ -19,10 +21,12 @@ import torch
 from trimpass.budget.calibration import Calibration
 from trimpass.budget.costmodel import EngineCost
 from trimpass.budget.policies import make
+from trimpass.budget.probes import Probes
 from trimpass.budget.timings import Timings, bucket
 
-PROBE_EVERY = 16  # while a batch bucket skips its proposals, one in this many drafts anyway
-TIMED_MIN = 3  # drafting proposals a bucket times before it may skip (its first may run cold)
+TIMED_MIN = 3  # drafting proposals a bucket times before its own timings count (the first may
+# run cold)
+MIN_SAMPLES = {"first_s": TIMED_MIN, "step_s": 1}
 
 
 class StopDrafting(Exception):
@@ -43,9 +47,9 @@ class PolicyRunner:
         self.counts = collections.Counter()
         self.kept = collections.Counter()  # K (drafted tokens verified in all) -> steps
         self.depth = collections.Counter()  # drafting steps run -> proposals
+        self.probes = Probes(self.settings["probe"])
         self._skipped: set = set()  # requests whose last proposal was skipped
         self._resumed: set = set()  # requests whose drafts in verification follow a skip
-        self._skips_in_row: dict = {}  # batch bucket -> proposals skipped in a row
         self._sent: dict = {}  # request id -> raw prefix scores of the drafts it sent to verify
         self._start()
 
@@ -65,6 +69,7 @@ class PolicyRunner:
     def set(self, settings: dict) -> None:
         """A new policy; its counters start from zero, the cost model and timings are kept."""
         self.policy = make(settings, self.gamma_max)
+        self.probes = Probes(self.settings["probe"])
         for c in (self.counts, self.kept, self.depth):
             c.clear()
 
@@ -87,21 +92,32 @@ class PolicyRunner:
         return 0
 
     def _skip(self, batch: int) -> bool:
-        t = self.timings
         accept_max = float(self.calibration.scores(torch.ones(1, dtype=torch.float64))[0])
-        timed = t.count("first_s", batch) >= TIMED_MIN
-        skip = self.policy.skip(batch=batch, gamma=self.gamma_max, cost=self.cost.step_cost,
-                                first_s=t.at("first_s", batch) if timed else None,
-                                step_s=t.at("step_s", batch), accept_max=accept_max)
-        k = bucket(batch)
-        if skip and self.policy.name != "none":
-            n = self._skips_in_row[k] = self._skips_in_row.get(k, 0) + 1
-            if n % PROBE_EVERY == 0:
-                self.counts["probes"] += 1
-                return False
-        elif not skip:
-            self._skips_in_row[k] = 0
+        first_s, step_s = self.timing("first_s", batch), self.timing("step_s", batch)
+        cost = self.cost.step_cost
+        skip = self.policy.skip(batch=batch, gamma=self.gamma_max, cost=cost, first_s=first_s,
+                                step_s=step_s, accept_max=accept_max)
+        if self.policy.name == "none":  # speculation paused: nothing to learn
+            return skip
+        loss = Probes.loss(batch, self.gamma_max, cost, first_s, step_s, accept_max)
+        plain = None if cost is None else float(cost(batch, batch))
+        if self.probes.decide(bucket(batch), skip, loss=loss, plain_s=plain, record=accept_max):
+            self.counts["probes"] += 1
+            return False
         return skip
+
+    def timing(self, name: str, batch: int) -> float | None:
+        """The drafter's ``name`` seconds at ``batch``'s bucket: its own median once timed
+        enough, else the nearest timed bucket's scaled by the cost model's C(B, B) ratio, else
+        None (then no policy skips: the bucket drafts, and is timed)."""
+        t, least = self.timings, MIN_SAMPLES[name]
+        if t.count(name, batch) >= least:
+            return t.at(name, batch)
+        ref, table = t.nearest(name, batch, least), self.cost.table
+        if ref is None or table is None:
+            return None
+        k = bucket(batch)
+        return t.at(name, ref) * float(table(k, k)) / float(table(ref, ref))
 
     def drafted(self, ids: torch.Tensor, conf: torch.Tensor, probs: torch.Tensor | None) -> None:
         """One drafting step: each request's token, its confidence [B] and (probabilistic
@@ -211,7 +227,8 @@ class PolicyRunner:
     def stats(self) -> dict:
         return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
                 "shares_cache": self.shares_cache, **self.timings.as_dict(),
-                **dict(self.counts), "cost_measurements": self.cost.measurements,
+                **dict(self.counts), "probe_rates": self.probes.rates(),
+                "cost_measurements": self.cost.measurements,
                 "updates": self.cost.updates, "kept": dict(self.kept),
                 "depth": dict(self.depth),
                 "table": None if self.cost.table is None else self.cost.table.to_dict()}

@@ -45,6 +45,15 @@ class Timings:
     def at(self, name: str, batch: int) -> float | None:
         return getattr(self, name).get(bucket(batch))
 
+    def nearest(self, name: str, batch: int, least: int) -> int | None:
+        """The bucket nearest ``batch``'s (the smaller on a tie) holding at least ``least``
+        timings of ``name``, or None."""
+        got = [k for (n, k), s in self._samples.items() if n == name and len(s) >= least]
+        if not got:
+            return None
+        n = bucket(batch).bit_length()
+        return min(got, key=lambda k: (abs(k.bit_length() - n), k))
+
     def overhead(self, batch: int, drafted: bool) -> float:
         """The overhead of a step of this kind at ``batch``'s bucket, or at the nearest bucket
         measured (of the other kind where this one has none; 0 before any)."""

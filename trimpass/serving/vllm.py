@@ -110,7 +110,9 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     ``budget`` turns on D-Cut (:mod:`trimpass.budget.runner`), trimmed or not: ``"dcut"``,
     ``"all-or-nothing"``, ``{"policy": "fixed", "gamma": k}``, ``"none"`` (speculation paused),
     ``"off"``, or a dict that also sets ``buckets`` (allowed totals of verified drafted tokens)
-    and ``measure_s`` (seconds for the start-up cost measurement, <= 30);
+    ``measure_s`` (seconds for the start-up cost measurement, <= 30) and ``probe`` (the share
+    of the seconds saved by skipped proposals that probes, drafted anyway to keep the timings
+    current, may spend: in (0, 1], 1/16 by default; :mod:`trimpass.budget.probes`);
     ``num_speculative_tokens`` is then the longest draft (gamma_max). :func:`set_budget` changes
     the policy of a running engine. The target drafting for itself uses the target's own KV
     cache (:mod:`trimpass.serving.vllm_kv`): its first forward runs over each request's next
@@ -192,7 +194,9 @@ def stats(llm) -> dict:
     (trimmed-head calls), ``fallbacks`` (drafter logits computed by the plain head), ``rows``
     (live request rows), ``mean_active`` (active ids per request row per call), ``mean_union``
     (distinct ids computed per call), ``bytes_per_row``, ``workers`` (those trimming),
-    ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not); with the
+    ``proposals`` and ``propose_s`` (draft proposals and their seconds, trimmed or not);
+    ``plain_steps`` (engine steps that verified no draft and so ran vLLM's plain sampler, not its
+    rejection sampler: one worker's count); with the
     ``check`` setting also ``checked``, ``violations`` and the isolation check's ``foreign``,
     ``missing`` and ``isolation_checked``, and ``first``: each proposal's first drafted row, by the
     request's first tokens and length (:class:`trimpass.serving.vllm_check.CheckedTrimmer`);
@@ -204,7 +208,8 @@ def stats(llm) -> dict:
     every = [s for s in compat.rpc(llm, "trimpass_stats") if s]
     got = [s for s in every if "calls" in s]
     out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
-           "propose_s": sum(s["propose_s"] for s in every)}
+           "propose_s": sum(s["propose_s"] for s in every),
+           "plain_steps": max((s.get("plain_steps", 0) for s in every), default=0)}
     for k in ("calls", "fallbacks", "rows", "active_sum", "row_calls", "union_sum", "checked",
               "violations", "steps", "foreign", "missing", "isolation_checked"):
         out[k] = sum(s.get(k, 0) for s in got)

@@ -63,6 +63,13 @@ SYMBOLS = (
            "one engine step's target forward (the runner's _update_states runs first inside it)",
            "rows of requests that left the batch or resume are released in the step the runner "
            "learns it; the budget times the forward and measures its cost model at the first step"),
+    Symbol(f"{_R}._prepare_inputs", "patched", ("self", "scheduler_output",
+                                                "num_scheduled_tokens"),
+           "lays out one step's inputs; returns (logits_indices, spec_decode_metadata, the most "
+           "tokens a request samples); 0.32 builds the metadata whenever speculation is on, so "
+           "_sample runs the rejection sampler even where no request has a draft, private",
+           "a step that verifies no drafted token (D-Cut drafted nothing) takes vLLM's plain "
+           "decoding path: no speculative metadata, the plain sampler (the same logits rows)"),
     Symbol(f"{_R}.propose_draft_token_ids", "patched", ("self", "scheduler_output",
                                                         "sampled_token_ids"),
            "one proposal for the batch; sampled_token_ids: each request's emitted tokens this step "
@@ -164,6 +171,8 @@ SYMBOLS = (
     Symbol(f"{_VE}:VocabParallelEmbeddingShardIndices.org_vocab_start_index", "read", (),
            "the first id of this rank's slice"),
     Symbol(f"{_VE}:UnquantizedEmbeddingMethod", "read", (), "an unquantized head's method"),
+    Symbol("vllm.v1.spec_decode.metadata:SpecDecodeMetadata.num_draft_tokens", "read", (),
+           "each request's drafted tokens verified this step (a list)"),
     *(Symbol(f"{_SO}.{a}", "read", meaning=m) for a, m in (
         ("num_scheduled_tokens", "request id -> tokens this step"),
         ("total_num_scheduled_tokens", "tokens this step"),
@@ -451,6 +460,17 @@ def _wrappers(hooks) -> dict:
                            device=self.device, max_tokens=int(self.max_num_tokens))
         return wrapper
 
+    def prepare_inputs(original):
+        def wrapper(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            st = _state_of_runner(hooks, self)
+            meta = out[1]
+            if st is None or meta is None or any(meta.num_draft_tokens):
+                return out
+            st.plain_step()  # with no drafts the metadata's logits rows are the plain path's
+            return out[0], None, 1
+        return wrapper
+
     def propose_draft(original):
         def wrapper(self, scheduler_output, sampled_token_ids, *args, **kwargs):
             t0, st = time.perf_counter(), _state_of_runner(hooks, self)
@@ -546,8 +566,9 @@ def _wrappers(hooks) -> dict:
             return original(self, *args, **kwargs)
         return wrapper
 
-    return dict(zip(PATCHES, (engine_config, load_model, init_kv, execute, propose_draft,
-                              propose, first_pass, sample, dummy_run), strict=True))
+    return dict(zip(PATCHES, (engine_config, load_model, init_kv, execute, prepare_inputs,
+                              propose_draft, propose, first_pass, sample, dummy_run),
+                    strict=True))
 
 
 def install(hooks, places=PATCHES) -> None:

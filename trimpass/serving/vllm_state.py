@@ -39,6 +39,7 @@ class DrafterState:
         self.shared = collections.Counter()  # first_pass_rows, cache_unused_bytes
         self.rejected = None  # the runner's rejected counts, for the next-token first pass
         self.measuring = False  # the cost model is timing the target alone
+        self.plain_steps = 0  # engine steps that verified no draft, sampled as plain decoding
 
     # ---- engine steps --------------------------------------------------------------------------
     def share_cache(self, pairs: dict) -> dict:
@@ -73,6 +74,10 @@ class DrafterState:
                                 drafted=any(step.drafts.values()))
         b.observed(step.scheduled, step.drafts, step.tokens, seconds)
         return out
+
+    def plain_step(self) -> None:
+        """This step verifies no drafted token: vLLM samples it as plain decoding."""
+        self.plain_steps += 1
 
     # ---- proposals -----------------------------------------------------------------------------
     def before_proposal(self, batch, emitted: list[int]) -> None:
@@ -117,12 +122,14 @@ class DrafterState:
         self.budget.drafted(ids, conf, probs)
 
     def stats(self) -> dict:
-        out = dict(_process)
+        out = {**_process, "plain_steps": self.plain_steps}
         if self.cache_shared:
             out["shared_cache"] = {k: self.shared[k] for k in ("first_pass_rows",
                                                                "cache_unused_bytes")}
         if self.budget is not None:
-            out["budget"] = self.budget.stats()
+            out["budget"] = b = self.budget.stats()
+            if b["table"] is not None:  # the deployment it was measured on, checked at load
+                b["table"]["model"] = self.model_key
         return out if self.trimmer is None else {**self.trimmer.stats(), **out}
 
 
@@ -170,9 +177,15 @@ class Hooks:
         if settings is not None:
             kind = CheckedTrimmer if settings.get("check") else Trimmer
             trimmer = kind(drafter, settings, compat.log())
-        runner = None if budget is None else PolicyRunner(
-            front.budget_settings(budget, drafter.gamma), drafter.gamma,
-            shares_cache=self_drafting)
+        runner = None
+        if budget is not None:
+            checked = front.budget_settings(budget, drafter.gamma)
+            made_for = (checked.get("table") or {}).get("model")
+            if made_for not in (None, drafter.model_key):
+                raise RuntimeError(f"trimpass budget table: measured for {made_for}, but this "
+                                   f"engine serves {drafter.model_key}; leave 'table' out (the "
+                                   "engine measures its own) or give this deployment's table")
+            runner = PolicyRunner(checked, drafter.gamma, shares_cache=self_drafting)
         _drafters[proposer] = DrafterState(trimmer, runner, self_drafting,
                                            plain=drafter.head.plain, model_key=drafter.model_key,
                                            max_seqs=drafter.max_num_seqs)

@@ -1,0 +1,84 @@
+"""When a batch bucket that skips its proposals drafts anyway (a probe), engine-independent. A
+probe keeps the drafter's timings and the acceptance calibration current, and costs its expected
+loss: the drafting seconds plus the extra verification seconds, less the plain-step seconds its
+accepted tokens could save (:meth:`Probes.loss`). :class:`Probes` spends at most ``rate`` of the
+plain-step seconds a bucket saves by skipping on that loss: a probe is due when the skipped steps'
+seconds since the bucket's last probe reach ``loss / rate``. Each probe after which the bucket
+still skips halves its rate (down to :data:`FLOOR` of the setting), since skipping keeps paying;
+the rate returns to the setting, and a probe is due at once, when the acceptance record has moved
+by :data:`RECORD_STEP` since the bucket's last probe, or when the batch enters the bucket from
+another one after more than :data:`REENTRY` proposals elsewhere."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+FLOOR = 1 / 64  # the lowest rate, as a share of the setting
+RECORD_STEP = 0.05  # a move of the acceptance record (its largest calibrated value) that re-probes
+REENTRY = 16  # proposals away from a bucket after which coming back to it probes at once
+
+
+@dataclasses.dataclass
+class _Bucket:
+    rate: float
+    saved_s: float = 0.0  # plain-step seconds skipped since the last probe (or drafted proposal)
+    record: float | None = None  # the acceptance record at the last probe
+    seen: int = 0  # the proposal count when the batch was last in this bucket
+
+
+class Probes:
+    """Per batch bucket: whether a proposal the policy skips drafts anyway."""
+
+    def __init__(self, rate: float):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+            raise ValueError(f"budget probe: the share of skipped seconds probes may spend, in "
+                             f"(0, 1], got {rate!r}")
+        self.base = float(rate)
+        self._buckets: dict = {}
+        self._proposals = 0
+        self._last_bucket = None
+        self.reentries = collections.Counter()  # bucket -> probes at a re-entry
+
+    @staticmethod
+    def loss(batch: int, gamma: int, cost, first_s: float | None, step_s: float | None,
+             accept_max: float) -> float | None:
+        """A probe's expected loss in seconds at ``batch`` requests drafting ``gamma`` tokens
+        each: drafting (``first_s`` + (gamma - 1) ``step_s``) and verifying B (1 + gamma) tokens
+        instead of B, less the plain-step seconds of the drafted tokens it may accept (at most
+        ``accept_max`` each). None where a timing or the cost model is missing."""
+        if cost is None or first_s is None or step_s is None or batch < 1:
+            return None
+        B, K = int(batch), int(batch) * int(gamma)
+        plain = float(cost(B, B))
+        extra = float(cost(B, B + K)) - plain
+        gain = K * float(accept_max) * plain / B
+        return max(first_s + (gamma - 1) * step_s + extra - gain, 0.0)
+
+    def decide(self, k: int, skip: bool, *, loss: float | None, plain_s: float | None,
+               record: float) -> bool:
+        """One proposal at batch bucket ``k``: whether it drafts a probe, given that the policy
+        would ``skip`` it (a proposal it drafts resets the bucket), the probe's ``loss`` and a
+        plain step's seconds ``plain_s`` at this bucket (None: unknown, a probe then costs one
+        plain step), and the acceptance record now."""
+        self._proposals += 1
+        entered, self._last_bucket = self._last_bucket != k, k
+        b = self._buckets.setdefault(k, _Bucket(self.base, record=record, seen=self._proposals))
+        stale, b.seen = entered and self._proposals - b.seen > REENTRY, self._proposals
+        if not skip:
+            b.rate, b.saved_s, b.record = self.base, 0.0, record
+            return False
+        plain = plain_s if plain_s and plain_s > 0 else 1.0
+        moved = b.record is None or abs(record - b.record) >= RECORD_STEP
+        price = loss if loss is not None and loss > 0 else plain
+        if not (moved or stale or b.saved_s >= price / b.rate):
+            b.saved_s += plain
+            return False
+        # a probe: a moved record or a re-entry starts over; a scheduled one backs off
+        self.reentries[k] += stale and not moved
+        b.rate = self.base if moved or stale else max(b.rate / 2, self.base * FLOOR)
+        b.saved_s, b.record = 0.0, record
+        return True
+
+    def rates(self) -> dict:
+        """Batch bucket -> its current probe rate."""
+        return {k: b.rate for k, b in sorted(self._buckets.items())}
