@@ -34,6 +34,7 @@ import time
 # can pay runs no drafter forward); self-untrimmed: vLLM's own draft-model route, the target as
 # its drafter
 # ngram: vLLM's prompt-lookup drafter (no model), the peer with no drafter to train
+WARM_PROMPTS = 8  # prompts after the timed ones that warm each engine up
 CONFIGS = ("none", "untrimmed", "trimmed", "eagle-untrimmed", "eagle", "self", "self-dcut",
            "self-untrimmed", "ngram")
 
@@ -80,9 +81,15 @@ def serve(a) -> None:
               max_num_seqs=max(_concurrency(a)), disable_log_stats=False)
     with open(os.path.join(a.dir, "prompts.json")) as f:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in json.load(f)]
+    timed = max(_concurrency(a))
+    warm = prompts[timed:timed + WARM_PROMPTS]  # a user's next prompt is new: warm on others
+    if not warm:
+        sys.exit(f"--dir: {len(prompts)} prompts, none left to warm up on beside the {timed} "
+                 f"timed; run --prepare --prompts {timed + WARM_PROMPTS}")
+    wp = SamplingParams(temperature=0, max_tokens=16, detokenize=False, ignore_eos=True)
+    llm.generate(warm[:1], wp, use_tqdm=False)
+    llm.generate(warm, wp, use_tqdm=False)
     sp = SamplingParams(temperature=0, max_tokens=a.tokens, detokenize=False, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, detokenize=False),
-                 use_tqdm=False)  # warm-up
     rows = []
     for c in [c for c in _concurrency(a) for _ in range(a.repeat)]:
         before = _counters(llm)
@@ -97,7 +104,8 @@ def serve(a) -> None:
                      "draft_ms": 1e3 * d["propose_s"] / max(d["proposals"], 1),
                      "mat": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
                      "mean_active": after.get("mean_active"),
-                     "skipped": d.get("skipped", 0)})
+                     "skipped": d.get("skipped", 0), "probes": d.get("probes", 0),
+                     "plain_steps": d.get("plain_steps", 0)})
     print("RESULT " + json.dumps(rows), flush=True)
     b = tv.stats(llm).get("budget")
     if b:  # the budget's own timings, per batch bucket, in ms
@@ -118,6 +126,7 @@ def _counters(llm) -> dict:
     s = tv.stats(llm)
     b = s.get("budget", {})
     return {"skipped": b.get("skipped", 0) + b.get("skipped_first_forward_ran", 0),
+            "probes": b.get("probes", 0), "plain_steps": s.get("plain_steps", 0),
             "accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),
             "drafts": m.get("vllm:spec_decode_num_drafts", 0), "proposals": s["proposals"],
             "propose_s": s["propose_s"], "mean_active": s["mean_active"]}
