@@ -24,3 +24,11 @@ def assert_close_rel(actual, expected, dtype):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with a test marked ``slow`` (the real Gemma) first, in their order: run in
+    parallel (``tests/run``: ``-n 2 --dist loadfile``), the longest start at once instead of
+    last."""
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow)
