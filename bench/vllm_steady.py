@@ -1,6 +1,7 @@
 """vLLM in steady state, Gemma-3-270M drafting for itself: tokens/s against concurrency for no
 speculation, the target drafting for itself (untrimmed: vLLM's own route; trimmed; trimmed with
-D-Cut) and vLLM's ``ngram``, in one invocation, per dtype; a markdown table and a PNG.
+D-Cut) and vLLM's ``ngram``, in one invocation, per dtype; a markdown table, its rows as JSON and
+a PNG (drawn with ``--plot OUT`` from the main venv where vLLM's has no matplotlib).
 
     .venv/bin/python bench/vllm_tokens.py --prepare --prompts 72            # checkpoints, prompts
     LD_PRELOAD=$PWD/.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python bench/vllm_steady.py
@@ -46,6 +47,9 @@ def run_config(a, config: str, dtype: str) -> list[dict]:
     if r.returncode or not lines:
         sys.exit(f"{config} ({dtype}): failed\n{r.stderr[-4000:]}")
     rows = json.loads(lines[-1][len("RESULT "):])
+    for line in r.stdout.splitlines():  # a budget's own timings, ms by batch bucket
+        if line.startswith("BUDGET "):
+            rows[-1]["budget_ms"] = json.loads(line[len("BUDGET "):])
     log(a, f"{dtype} {config}: " + ", ".join(f"{x['concurrency']}:{x['tokens_s']:.1f}"
                                              for x in rows) + f" tok/s "
                                                               f"({time.perf_counter() - t:.0f} s)")
@@ -73,6 +77,12 @@ def table(rows: list[dict], dtype: str) -> list[str]:
                    for k in ("skipped", "probes", "plain_steps")}
             out.append(f"| {NAMES.get(config, config)} | {run} | {tps} | {vs} | {ms} | {mat} | "
                        f"{col['skipped']} | {col['probes']} | {col['plain_steps']} |")
+    for r in rows:
+        if "budget_ms" in r:
+            out += ["", f"{NAMES.get(r['config'], r['config'])}: the budget's own timings after "
+                    "its runs, ms by batch bucket: " + "; ".join(
+                        f"{k} " + ", ".join(f"{b}: {v}" for b, v in d.items())
+                        for k, d in r["budget_ms"].items())]
     return out
 
 
@@ -87,7 +97,8 @@ def plot(results: dict, path: str) -> None:
             got = sorted((r for r in rows if r["config"] == config and r["run"] == last),
                          key=lambda r: r["concurrency"])
             ax.plot([r["concurrency"] for r in got], [r["tokens_s"] for r in got], marker="o",
-                    label=NAMES.get(config, config), linestyle="--" if config == "none" else "-")
+                    label=NAMES.get(config, config), linestyle="--" if config == "none" else "-",
+                    color=f"C{list(NAMES).index(config)}")  # one colour per configuration
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel("tokens/s")
@@ -115,7 +126,12 @@ def main() -> None:
     p.add_argument("--out", default="bench/results/vllm_steady",
                    help="writes OUT.md and OUT.png ('' to print only)")
     p.add_argument("--log", default="", help="a file that also gets the progress lines")
+    p.add_argument("--plot", default="", metavar="OUT",
+                   help="only draw OUT.png from OUT.json (a venv with matplotlib)")
     a = p.parse_args()
+    if a.plot:
+        with open(a.plot + ".json") as f:
+            return plot(json.load(f), a.plot + ".png")
     configs = a.configs.split(",")
     bad = [c for c in configs if c not in NAMES]
     if bad:
@@ -163,8 +179,13 @@ def main() -> None:
     if a.out:
         with open(a.out + ".md", "w") as f:
             f.write("\n".join(lines) + f"\n![tokens/s]({os.path.basename(a.out)}.png)\n")
-        plot(results, a.out + ".png")
-        log(a, f"wrote {a.out}.md and {a.out}.png")
+        with open(a.out + ".json", "w") as f:
+            json.dump(results, f)
+        try:
+            plot(results, a.out + ".png")
+        except ImportError:  # vLLM's venv has no matplotlib
+            log(a, f"no matplotlib here: .venv/bin/python bench/vllm_steady.py --plot {a.out}")
+        log(a, f"wrote {a.out}.md, {a.out}.json and {a.out}.png")
 
 
 if __name__ == "__main__":
