@@ -20,6 +20,12 @@ def bucket(batch: int) -> int:
     return 1 << max(int(batch) - 1, 0).bit_length()
 
 
+def _nearest(buckets, batch: int) -> int | None:
+    """Of ``buckets``, the one nearest ``batch``'s bucket (the smaller on a tie), or None."""
+    n = bucket(batch).bit_length()
+    return min(buckets, key=lambda k: (abs(k.bit_length() - n), k), default=None)
+
+
 class Timings:
     """Bucket -> median seconds for each of :data:`NAMES` (attributes of the same names)."""
 
@@ -48,21 +54,15 @@ class Timings:
     def nearest(self, name: str, batch: int, least: int) -> int | None:
         """The bucket nearest ``batch``'s (the smaller on a tie) holding at least ``least``
         timings of ``name``, or None."""
-        got = [k for (n, k), s in self._samples.items() if n == name and len(s) >= least]
-        if not got:
-            return None
-        n = bucket(batch).bit_length()
-        return min(got, key=lambda k: (abs(k.bit_length() - n), k))
+        return _nearest([k for (n, k), s in self._samples.items()
+                         if n == name and len(s) >= least], batch)
 
     def overhead(self, batch: int, drafted: bool) -> float:
         """The overhead of a step of this kind at ``batch``'s bucket, or at the nearest bucket
         measured (of the other kind where this one has none; 0 before any)."""
         mine, other = (self.overhead_s, self.overhead_plain_s)[::1 if drafted else -1]
         got = mine or other
-        if not got:
-            return 0.0
-        n = bucket(batch).bit_length()
-        return got[min(got, key=lambda k: (abs(k.bit_length() - n), k))]
+        return got[_nearest(got, batch)] if got else 0.0
 
     def drafting(self, seconds: float) -> None:
         """The drafter ran ``seconds`` between two target forwards."""
