@@ -179,19 +179,16 @@ def main(argv=None) -> int:
     for r in routes:
         ratios = [(rt / rs) / (pt / ps) for (pt, ps), (rt, rs), n in
                   zip(plain.per_prompt, r.per_prompt, lens, strict=True) if n >= 150]
-        ties, bugs, gaps = 0, 0, []
-        same = 0
+        t = divergence.Tally()
         for p, o, ref in zip(stream, r.outs, plain.outs, strict=True):
-            d = divergence.explain(model, p.shape[1], ref, o) if o is not p else None
-            same += d is None and o is not p
-            if d is not None:
-                ties, bugs = ties + d.near_tie, bugs + (not d.near_tie)
-                gaps.append(f"{d.ulps:.1f}")
+            if o is not p:  # a crash's output is its prompt
+                t.add(model, p.shape[1], ref, o)
+        gaps = ", ".join(f"{d.ulps:.1f}" for _, d in t.ties + t.bugs) or "-"
         print(f"| {r.name} | {r.tokens / r.seconds:.2f} | "
               f"x{(r.tokens / r.seconds) / (plain.tokens / plain.seconds):.2f} | "
               f"x{min(ratios):.2f} (median x{statistics.median(ratios):.2f}) | "
               f"{r.warm_s:.1f} ({r.warm_graphs}) | {r.late_graphs} | {r.crashes} | "
-              f"{same}/{len(stream)} | {ties} / {bugs} ({', '.join(gaps) or '-'}) |")
+              f"{t.same}/{len(stream)} | {len(t.ties)} / {len(t.bugs)} ({gaps}) |")
     print("\nper prompt, seconds: | tokens | " + " | ".join(r.name for r in routes) + " |")
     for k, n in enumerate(lens):
         print(f"| {n} | " + " | ".join(f"{r.per_prompt[k][1]:.1f}" for r in routes) + " |")

@@ -59,3 +59,27 @@ def test_ulps_of_the_top_logit():
     assert divergence.ulp(1.0, torch.bfloat16) == 2 ** -7
     assert divergence.ulp(-3.0, torch.bfloat16) == 2 ** -6
     assert divergence.ulp(20.0, torch.float32) == 2 ** -19
+
+
+def test_a_tally_is_lossless_with_near_ties_and_not_with_a_far_token():
+    model = _model()
+    ids = torch.randint(0, V, (1, 9))
+    plain = _greedy(model, ids, 4)
+    far = plain.clone()
+    with torch.no_grad():
+        far[0, 10] = int(model(plain[:, :10]).logits[0, -1].argmin())
+    t = divergence.Tally()
+    t.add(model, 9, plain, plain.clone())
+    assert (t.same, t.total, t.lossless, t.mark()) == (1, 1, True, "✓")
+    a = int(plain[0, 11])
+    with torch.no_grad():  # a tie at new token 2: the route may emit either token there
+        model.lm_head.weight[(a + 1) % V] = model.lm_head.weight[a]
+    tied = _greedy(model, ids, 4)
+    assert torch.equal(tied[:, :12], plain[:, :12])
+    route = tied.clone()
+    route[0, 11] = (a + 1) % V
+    t.add(model, 9, tied, route)
+    assert t.lossless and t.mark() == "✓ (1 near-tie)" and t.ties[0][0] == 1
+    t.add(model, 9, tied, far)
+    assert not t.lossless and t.mark() == "✗" and t.bugs[0][0] == 2 and t.total == 3
+    assert "1 of 3 identical; near-ties 1 (prompt 2 at new token 2: gap 0.0 ulps" in str(t)

@@ -13,7 +13,7 @@ a gap within that difference is a near-tie that rounding alone can flip; a wider
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -26,6 +26,7 @@ class Divergence:
     gap: float  # plain's logit of its token minus of the route's, one-token steps
     spread: float  # the largest |one-token - batched| logit difference at that position
     ulps: float  # gap in ulps of the top logit in the model's dtype
+    spread_ulps: float  # spread in the same ulps
     near_tie: bool  # gap <= spread: rounding alone can flip it
 
     def as_dict(self) -> dict:
@@ -71,6 +72,45 @@ def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor) -> Div
     a, b = int(plain[0, at]), int(route[0, at])
     gap = float(steps[a] - steps[b])
     spread = float((steps - batched).abs().max())
-    dtype = next(model.parameters()).dtype
+    unit = ulp(float(steps[a]), next(model.parameters()).dtype)
     return Divergence(position=at - prompt, plain=a, route=b, gap=gap, spread=spread,
-                      ulps=gap / ulp(float(steps[a]), dtype), near_tie=gap <= spread)
+                      ulps=gap / unit, spread_ulps=spread / unit, near_tie=gap <= spread)
+
+
+@dataclass
+class Tally:
+    """A route's outputs against plain decoding's, prompt by prompt: identical, a near-tie, or not
+    (a bug). Lossless when no divergence is more than a near-tie."""
+    same: int = 0
+    ties: list = field(default_factory=list)  # [(prompt index, Divergence)]
+    bugs: list = field(default_factory=list)
+
+    def add(self, model, prompt: int, plain: torch.Tensor, route: torch.Tensor) -> None:
+        d = explain(model, prompt, plain, route)
+        if d is None:
+            self.same += 1
+        else:
+            (self.ties if d.near_tie else self.bugs).append((self.total, d))
+
+    @property
+    def total(self) -> int:
+        return self.same + len(self.ties) + len(self.bugs)
+
+    @property
+    def lossless(self) -> bool:
+        return not self.bugs
+
+    def mark(self) -> str:
+        """A table cell: ✓, ✓ with its near-ties counted, or ✗."""
+        if self.bugs:
+            return "✗"
+        return f"✓ ({len(self.ties)} near-tie{'s' * (len(self.ties) > 1)})" if self.ties else "✓"
+
+    def __str__(self) -> str:
+        def each(ds):
+            return ", ".join(f"prompt {k + 1} at new token {d.position}: gap {d.ulps:.1f} ulps "
+                             f"(the two computations {d.spread_ulps:.1f} apart)"
+                             for k, d in ds)
+        return (f"{self.same} of {self.total} identical; near-ties {len(self.ties)}"
+                f"{' (' + each(self.ties) + ')' if self.ties else ''}; not near-ties "
+                f"{len(self.bugs)}{' (' + each(self.bugs) + ')' if self.bugs else ''}")
