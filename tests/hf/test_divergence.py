@@ -83,3 +83,25 @@ def test_a_tally_is_lossless_with_near_ties_and_not_with_a_far_token():
     t.add(model, 9, tied, far)
     assert not t.lossless and t.mark() == "✗" and t.bugs[0][0] == 2 and t.total == 3
     assert "1 of 3 identical; near-ties 1 (prompt 2 at new token 2: gap 0.0 ulps" in str(t)
+
+
+def test_the_fused_loops_own_logits_are_the_models_both_ways():
+    import trimpass
+    torch._dynamo.reset()
+    model = _model()
+    ids = torch.randint(0, V, (1, 11))
+    out = trimpass.generate(model, ids, 6, speculate=False, inner="aot_eager")
+    loop = model._trimpass_fused
+    with torch.no_grad():
+        want = model(out[:, :15]).logits[0, -1]
+    steps, batched = loop.logits(out[:, :15], 11), loop.logits(out[:, :15], 15)
+    assert steps.shape == batched.shape == (V,)
+    torch.testing.assert_close(steps, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(batched, want, rtol=1e-4, atol=1e-4)
+    assert int(steps.argmax()) == int(out[0, 15])  # plain decoding's own next token
+    # a route given its own ways: a token far below the top is still a bug
+    far = out.clone()
+    far[0, 15] = int(want.argmin())
+    d = divergence.explain(model, 11, out, far, loop.logits,
+                           lambda p, _: loop.logits(p, p.shape[1]))
+    assert d.position == 4 and not d.near_tie and d.spread < 1e-3

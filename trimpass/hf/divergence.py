@@ -5,8 +5,9 @@ plain decoding: Hugging Face verifies several tokens in one batched pass, the fu
 compiled body and prefills in chunks. Each rounds differently, so where the top two logits lie
 within rounding of each other the argmax may flip, and the outputs part from there on. For a pair
 of outputs, :func:`explain` finds the first differing position and computes the logits of that
-prefix both ways, eagerly: one-token steps over a cache (as ``model.generate`` decodes) and one
-batched pass over the whole prefix (as a verification does). The gap between plain decoding's top
+prefix both ways, by default eagerly: one-token steps over a cache (as ``model.generate`` decodes)
+and one batched pass over the whole prefix (as a verification does); a compiled route gives its
+own two computations (the fused loop: ``FusedLoop.logits``). The gap between plain decoding's top
 logit and the route's token, against the largest difference between the two computations, decides:
 a gap within that difference is a near-tie that rounding alone can flip; a wider gap is a bug.
 """
@@ -60,15 +61,19 @@ def _one_token_steps(model, prefix: torch.Tensor, prompt: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor) -> Divergence | None:
+def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
+            plain_way=None, route_way=None) -> Divergence | None:
     """The first divergence of ``route`` from ``plain`` (outputs [1, prompt + n] of one prompt of
-    ``prompt`` tokens), or None where they agree."""
+    ``prompt`` tokens), or None where they agree. ``plain_way`` and ``route_way`` (each
+    ``(prefix, prompt) -> logits [V]`` of the prefix's last position) say how each output was
+    computed; by default eagerly, one-token steps and one batched pass. A route through a compiled
+    body passes its own (``FusedLoop.logits``): a compiled body rounds otherwise than eager."""
     at = first_difference(plain, route, prompt)
     if at is None:
         return None
     prefix = plain[:, :at]
-    steps = _one_token_steps(model, prefix, prompt).float()
-    batched = model(prefix).logits[0, -1].float()
+    steps = (plain_way or (lambda x, p: _one_token_steps(model, x, p)))(prefix, prompt).float()
+    batched = (route_way or (lambda x, p: model(x).logits[0, -1]))(prefix, prompt).float()
     a, b = int(plain[0, at]), int(route[0, at])
     gap = float(steps[a] - steps[b])
     spread = float((steps - batched).abs().max())
@@ -85,8 +90,9 @@ class Tally:
     ties: list = field(default_factory=list)  # [(prompt index, Divergence)]
     bugs: list = field(default_factory=list)
 
-    def add(self, model, prompt: int, plain: torch.Tensor, route: torch.Tensor) -> None:
-        d = explain(model, prompt, plain, route)
+    def add(self, model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
+            plain_way=None, route_way=None) -> None:
+        d = explain(model, prompt, plain, route, plain_way, route_way)
         if d is None:
             self.same += 1
         else:

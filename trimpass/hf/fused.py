@@ -371,6 +371,19 @@ class FusedLoop:
         self.chooser.time("step_ms", ms / max(self.stats.body_steps - steps, 1))
         return new
 
+    @torch.no_grad()
+    def logits(self, prefix: torch.Tensor, prompt: int) -> torch.Tensor:
+        """The full head's logits [V] at the last position of ``prefix`` [1, n] through this
+        loop's compiled body: its first ``prompt`` tokens prefilled, the rest one token at a time
+        (plain decoding's computation; ``prompt = n``: one pass over many rows, a verification's).
+        What :func:`trimpass.hf.divergence.explain` compares."""
+        ids = prefix.to(self.head.weight.device)
+        self._fresh_cache(ids.shape[1], 1)
+        h, _ = self._prefill(ids[:, :prompt])
+        for j in range(prompt, ids.shape[1]):
+            h, _ = self._run(ids[:, j:j + 1], j)
+        return self.head(h)[0]
+
     def _first(self, h, sampler) -> int:
         """The full head's own token from one hidden state (the prefill's, plain decoding's)."""
         self.stats.verifications += 1
