@@ -153,6 +153,7 @@ def main() -> None:
     if not os.path.isfile(prompts):
         p.error(f"--dir: no {prompts}; run .venv/bin/python bench/vllm_tokens.py --prepare "
                 f"--prompts {max(conc) + 8} --dir {a.dir}")
+    from trimpass import measure
     results = {}
     for dtype in dtypes:
         rows = []
@@ -167,7 +168,8 @@ def main() -> None:
         + " ".join(sys.argv[1:])
     lines = ["# vLLM in steady state: the target drafting for itself, beside no speculation and "
              "ngram", "", f"- Command: `{cmd.strip()}`", f"- Commit: {commit}",
-             f"- Machine: {os.cpu_count()} CPUs, no GPU; one engine at a time", "",
+             f"- Machine: {measure.device_name('cpu')} ({os.cpu_count()} CPUs), no GPU; one "
+             "engine at a time", "",
              f"Gemma-3-270M, eager, {a.k} drafted tokens, {a.tokens} greedy tokens per request, "
              f"the first N held-out ShareGPT prompts at N = {a.concurrency}, each run "
              f"{a.repeat} times in a row after a warm-up on 8 other prompts. Draft ms: one whole "
