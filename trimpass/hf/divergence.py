@@ -24,8 +24,8 @@ class Divergence:
     position: int  # index of the first differing new token
     plain: int  # plain decoding's token there
     route: int  # the route's token there
-    gap: float  # plain's logit of its token minus of the route's, one-token steps
-    spread: float  # the largest |one-token - batched| logit difference at that position
+    gap: float  # plain's logit of its token minus of the route's, in plain's computation
+    spread: float  # the largest |plain's - the route's computation| logit difference there
     ulps: float  # gap in ulps of the top logit in the model's dtype
     spread_ulps: float  # spread in the same ulps
     near_tie: bool  # gap <= spread: rounding alone can flip it
