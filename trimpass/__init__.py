@@ -168,10 +168,15 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
     best with the real Gemma-3-270M (x1.58 the plain target, against x1.47 at a fixed 4 and x1.54
     at 6; ``bench/results/self_gamma.md``)."""
     from trimpass.hf.selfdraft import shared_copy
+    from trimpass.hf.upcast import RowsBackend
     be = make_backend(**config)  # the settings checked before anything is built
+    draft = shared_copy(model, gamma, confidence)
+    draft._trimpass_backend = be
     # every length symbolic from the first call: HF's loop calls the drafter with prompts, steps
-    # and catch-ups of any length over a cache of any length, each a new static graph otherwise
-    return _compile_module(shared_copy(model, gamma, confidence), be, dynamic=True)
+    # and catch-ups of any length over a cache of any length, each a new static graph otherwise;
+    # its passes over several tokens upcast where this CPU multiplies half precision slowly
+    draft.compile(backend=RowsBackend(be), dynamic=True)
+    return draft
 
 
 def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,

@@ -13,7 +13,8 @@ which makes every emitted token distributed as ``p`` whatever ``q`` is.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from trimpass.hf import upcast
 
 # A rounding bound between a one-row and a several-row product of the same row, in units of the
 # dtype's eps times the logit's size: 2 ulps where the output is rounded to 16 bits; in fp32
@@ -23,15 +24,21 @@ ULPS = {torch.bfloat16: 2.0, torch.float16: 2.0, torch.float32: 256.0, torch.flo
 
 class FullHead:
     """``model``'s own LM head (and its final logit softcap, where the config has one), applied
-    eagerly to stored hidden states ``[k, d]``."""
+    eagerly to stored hidden states ``[k, d]``; several rows upcast where that measures faster
+    (:mod:`trimpass.hf.upcast`, after :meth:`calibrate`)."""
 
     def __init__(self, model):
         head = model.get_output_embeddings()
         self.weight, self.bias = head.weight, getattr(head, "bias", None)
         self.cap = getattr(model.config, "final_logit_softcapping", None) or 0.0
+        self.product = upcast.Linear(self.weight, self.bias)
+
+    def calibrate(self) -> bool:
+        """Measure whether several rows run faster upcast on this machine; returns the choice."""
+        return self.product.calibrate()
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        z = F.linear(h, self.weight, self.bias)
+        z = self.product(h)
         return torch.tanh(z / self.cap) * self.cap if self.cap else z
 
 

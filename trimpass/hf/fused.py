@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from trimpass.config import disabled
-from trimpass.hf import accept, buckets, lookup, selfdraft
+from trimpass.hf import accept, buckets, lookup, selfdraft, upcast
 from trimpass.hf.assisted import compiled_graphs
 from trimpass.loops.stats import LoopStats
 
@@ -50,6 +50,8 @@ class FusedStats(LoopStats):
     lookup_rounds: int = 0  # of rounds, those that verified lookup drafts
     lookup_drafted: int = 0
     lookup_accepted: int = 0
+    head_upcast: bool = False  # several-row full-head products run upcast (trimpass.hf.upcast)
+    body_upcast: int = 0  # the body's linears over several rows that run upcast
 
     def as_dict(self) -> dict:
         return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
@@ -57,7 +59,8 @@ class FusedStats(LoopStats):
                     trimmed_calls=self.trimmed_calls, verifications=self.verifications,
                     rechecks=self.rechecks, acceptance=self.acceptance, mat=self.mat,
                     warm_up_s=self.warm_up_s, graphs=self.graphs,
-                    batched_passes=self.batched_passes,
+                    batched_passes=self.batched_passes, head_upcast=self.head_upcast,
+                    body_upcast=self.body_upcast,
                     passes_per_token=(self.body_steps + self.batched_passes)
                     / max(self.emitted, 1),
                     sources=dict(
@@ -205,7 +208,9 @@ class FusedLoop:
         self.speculate, self.backend = speculate and not disabled(), backend
         self.lookup_tokens = lookup_tokens if self.speculate else 0
         self.step = _Step(model, head=self.speculate).eval()
-        self.step.compile(backend=backend if self.speculate else plain)
+        # several rows' linears upcast where this CPU multiplies half precision slowly
+        self.rows = upcast.RowsBackend(backend if self.speculate else plain)
+        self.step.compile(backend=self.rows)
         self.head = accept.FullHead(model)
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
         self.stats = FusedStats(name="fused")
@@ -266,14 +271,16 @@ class FusedLoop:
         device = self.head.weight.device
         state = self.backend.state_for(self.step) if self.speculate else None
         with torch.no_grad():
+            self.stats.head_upcast = self.head.calibrate()  # before the chooser times a round
             self._fresh_cache(2, LOOKUP_TOKENS + 1)
             ids = torch.zeros(1, 2, dtype=torch.long, device=device)
             self._prefill(ids)  # the graph of many rows
             self._run(ids[:, :1], 2)  # the one-token step
             if self.lookup_tokens:
                 for kind, run in (("step_ms", lambda: self._run(ids[:, :1], 2)),
-                                  ("verify_ms", lambda: self._verify([0] * 16, 2))):
-                    # the chooser's first costs; each call from the same cache length
+                                  ("verify_ms", lambda: self.head(self._verify([0] * 16, 2)))):
+                    # the chooser's first costs (a round's body pass and head product); each call
+                    # from the same cache length
                     self.chooser.time(kind, _best_ms(lambda r=run: (self._rollback(2), r())))
             if state is None:
                 state = self.backend.state_for(self.step) if self.speculate else None
@@ -282,6 +289,7 @@ class FusedLoop:
         self.warmed = True
         self.stats.warm_up_s = time.perf_counter() - t0
         self.stats.graphs = compiled_graphs() - graphs
+        self.stats.body_upcast = self.rows.rewritten
         log.info("trimpass.generate: compiled %d graphs in %.1f s (first call on this model and "
                  "setting; none later)", self.stats.graphs, self.stats.warm_up_s)
         return self.stats.warm_up_s

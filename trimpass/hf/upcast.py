@@ -1,0 +1,147 @@
+"""The full head's product over several rows, where the CPU has no half-precision GEMM.
+
+On a CPU without AVX-512 (this project's AMD EPYC VM: AVX2 only), torch multiplies bf16 or fp16
+matrices in a naive loop whose cost grows with every row: Gemma-3-270M's head (262,144 x 640,
+bf16) took 68 ms for one row, 541 ms for 8 and 1,090 ms for 16, where fp32 runs a real GEMM. The
+fused loop verifies 2 to 16 rows at a time, so there :class:`Linear` upcasts the weight in chunks
+of ``CHUNK`` rows (a few MB of fp32 that stay in cache beside the product) and multiplies in fp32:
+244 ms for 16 rows. Which way is faster is measured once per weight on this machine
+(:meth:`Linear.calibrate`), never assumed: on a CPU with AMX or AVX-512 BF16 the native product
+wins and stays. One row always takes the native product, plain decoding's own computation. The
+fp32 product rounded to the weight's dtype differs from the native several-row product by at most
+one ulp, a rounding difference of the kind two products of one row already have; the greedy rule
+computes every near-tie row again alone (:func:`trimpass.hf.accept.greedy`).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 2048  # weight rows upcast at a time: 5 MB of fp32 for a 640-wide head
+ROWS = 8  # the product timed for the choice: a typical verification
+HALF = (torch.bfloat16, torch.float16)
+
+
+@torch.no_grad()
+def upcast_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  chunk: int = CHUNK) -> torch.Tensor:
+    """``F.linear(h, weight, bias)`` computed in fp32, ``chunk`` weight rows at a time, rounded to
+    ``h``'s dtype once at the end. Inference only (no gradient)."""
+    if chunk < 1:
+        raise ValueError(f"chunk: weight rows per upcast, an int >= 1, got {chunk!r}")
+    x = h.float()
+    out = torch.empty(*h.shape[:-1], weight.shape[0], dtype=torch.float32, device=h.device)
+    flat = out.view(-1, weight.shape[0])
+    buf = torch.empty(min(chunk, weight.shape[0]), weight.shape[1], dtype=torch.float32,
+                      device=weight.device)
+    for start in range(0, weight.shape[0], chunk):
+        w = buf[:min(chunk, weight.shape[0] - start)].copy_(weight[start:start + chunk])
+        torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out=flat[:, start:start + w.shape[0]])
+    if bias is not None:
+        out += bias.float()
+    return out.to(h.dtype)
+
+
+class Linear:
+    """``F.linear`` with ``weight`` and ``bias``, several rows upcast where that is measured
+    faster. ``upcast``: None until :meth:`calibrate` (the native product until then), False for
+    a weight that is not half precision on a CPU (nothing to measure)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+        self.upcast = None if weight.device.type == "cpu" and weight.dtype in HALF else False
+        self.timings: dict[str, float] = {}  # ms at ROWS rows, each way, once calibrated
+
+    def calibrate(self, tries: int = 3) -> bool:
+        """Time both products at ``ROWS`` rows (the fastest of ``tries``) and keep the faster;
+        returns whether several rows are upcast."""
+        if self.upcast is not None:
+            return self.upcast
+        h = torch.randn(ROWS, self.weight.shape[1], generator=torch.Generator().manual_seed(0))
+        h = h.to(self.weight.dtype)
+        for way, run in (("native", lambda: F.linear(h, self.weight, self.bias)),
+                         ("upcast", lambda: upcast_linear(h, self.weight, self.bias))):
+            best = float("inf")
+            for _ in range(tries):
+                t0 = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - t0)
+            self.timings[way] = 1e3 * best
+        self.upcast = self.timings["upcast"] < self.timings["native"]
+        return self.upcast
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if self.upcast and h.dim() == 2 and h.shape[0] > 1:
+            return upcast_linear(h, self.weight, self.bias)
+        return F.linear(h, self.weight, self.bias)
+
+
+@torch.library.custom_op("trimpass::upcast_linear", mutates_args=())
+def _upcast_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return upcast_linear(x, weight, bias)
+
+
+@_upcast_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+_faster: dict[torch.dtype, bool] = {}
+
+
+def faster(dtype: torch.dtype, size: int = 1024) -> bool:
+    """Whether ``ROWS`` rows of a ``size`` x ``size`` product of ``dtype`` run faster upcast on
+    this CPU (measured once per process and dtype; False for a dtype that is not half)."""
+    if dtype not in HALF:
+        return False
+    if dtype not in _faster:
+        lin = Linear(torch.randn(size, size, generator=torch.Generator().manual_seed(1)).to(dtype))
+        _faster[dtype] = lin.calibrate()
+    return _faster[dtype]
+
+
+def _value(node):
+    return node.meta.get("example_value", node.meta.get("val")) if hasattr(node, "meta") else None
+
+
+def rewrite_rows(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
+    """``gm`` with every linear over more than one row (or a symbolic row count) of a half-precision
+    CPU weight computed by ``trimpass::upcast_linear``, where :func:`faster` measured that faster;
+    returns the graph and how many linears changed (0: the graph itself, unchanged)."""
+    todo = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch._C._nn.linear, F.linear):
+            continue
+        x, w = (_value(a) for a in node.args[:2])
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+            continue
+        rows = x.shape[:-1]
+        single = all(isinstance(n, int) for n in rows) and int(torch.Size(rows).numel()) <= 1
+        if not single and w.device.type == "cpu" and w.dtype in HALF and faster(w.dtype):
+            todo.append(node)
+    for node in todo:
+        args = list(node.args) + [node.kwargs.get("bias")] * (3 - len(node.args))
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_function(torch.ops.trimpass.upcast_linear.default, tuple(args[:3]))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+    if todo:
+        gm.graph.lint()
+        gm.recompile()
+    return gm, len(todo)
+
+
+class RowsBackend:
+    """A Dynamo backend: :func:`rewrite_rows`, then ``inner``; ``rewritten`` counts the linears
+    changed in every graph it compiled."""
+
+    def __init__(self, inner):
+        self.inner, self.rewritten = inner, 0
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        gm, n = rewrite_rows(gm)
+        self.rewritten += n
+        return self.inner(gm, example_inputs, **kwargs)
