@@ -175,7 +175,8 @@ def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
     # every length symbolic from the first call: HF's loop calls the drafter with prompts, steps
     # and catch-ups of any length over a cache of any length, each a new static graph otherwise;
     # its passes over several tokens upcast where this CPU multiplies half precision slowly
-    draft.compile(backend=RowsBackend(be), dynamic=True)
+    draft.compile(backend=RowsBackend(be, model.get_output_embeddings().weight.shape),
+                  dynamic=True)
     return draft
 
 

@@ -85,7 +85,7 @@ def test_a_full_precision_weight_is_never_upcast_nor_timed():
 
 
 class _Two(torch.nn.Module):
-    """A body linear over every row, and a head over the last row alone."""
+    """A body linear over every row, and a head over the last two (left alone by its shape)."""
 
     def __init__(self, dtype):
         super().__init__()
@@ -94,13 +94,13 @@ class _Two(torch.nn.Module):
 
     def forward(self, x):
         h = self.body(x)
-        return h, self.head(h[-1:])
+        return h, self.head(h[-2:])
 
 
 def _compiled(dtype, monkeypatch, faster):
     torch._dynamo.reset()
     monkeypatch.setitem(upcast._faster, torch.bfloat16, faster)
-    backend = upcast.RowsBackend(lambda gm, example_inputs, **kw: gm.forward)
+    backend = upcast.RowsBackend(lambda gm, example_inputs, **kw: gm.forward, head=(77, 40))
     model = _Two(dtype)
     return model, backend, torch.compile(model, backend=backend, dynamic=False)
 
@@ -114,9 +114,9 @@ def test_several_rows_of_the_body_run_upcast_and_one_row_natively(monkeypatch):
     x = torch.randn(13, 24).bfloat16()
     with torch.no_grad():
         h, z = fast(x)
-        assert backend.rewritten == 1 and calls == [13]  # the body, not the one-row head
+        assert backend.rewritten == 1 and calls == [13]  # the body, not the head
         assert torch.equal(h, real(x, model.body.weight, model.body.bias))
-        assert torch.equal(z, F.linear(h[-1:], model.head.weight))
+        assert torch.equal(z, F.linear(h[-2:], model.head.weight))
         one, _ = fast(x[:1])  # a graph of one row: nothing changed
     assert backend.rewritten == 1 and calls == [13]
     assert torch.equal(one, F.linear(x[:1], model.body.weight, model.body.bias))
@@ -130,3 +130,24 @@ def test_nothing_is_rewritten_where_upcast_is_not_faster_or_the_weight_is_fp32(m
             h, _ = fast(x)
         assert backend.rewritten == 0
         assert torch.equal(h, F.linear(x, model.body.weight, model.body.bias))
+
+
+def test_a_bf16_self_drafter_keeps_its_trimmed_head_in_every_graph(monkeypatch):
+    import trimpass
+    from tests.graph.test_hf import V
+    from tests.hf.test_fused import WINDOW
+    torch._dynamo.reset()
+    monkeypatch.setitem(upcast._faster, torch.bfloat16, True)
+    calls = []
+    real = upcast.upcast_linear
+    monkeypatch.setattr(upcast, "upcast_linear", lambda *a, **k: calls.append(a[0].shape)
+                        or real(*a, **k))
+    torch.manual_seed(0)
+    model = WINDOW["gemma3"]().eval().to(torch.bfloat16)
+    draft = trimpass.self_drafter(model, inner="aot_eager")
+    with torch.no_grad():
+        model.generate(torch.randint(0, V, (1, 9)), assistant_model=draft, do_sample=False,
+                       max_new_tokens=30, pad_token_id=0)
+    reports = draft._trimpass_backend.reports
+    assert len(reports) >= 2 and all(r.rewritten for r in reports), trimpass.explain(draft)
+    assert calls  # the drafter's passes over several tokens ran upcast

@@ -209,7 +209,8 @@ class FusedLoop:
         self.lookup_tokens = lookup_tokens if self.speculate else 0
         self.step = _Step(model, head=self.speculate).eval()
         # several rows' linears upcast where this CPU multiplies half precision slowly
-        self.rows = upcast.RowsBackend(backend if self.speculate else plain)
+        self.rows = upcast.RowsBackend(backend if self.speculate else plain,
+                                       model.get_output_embeddings().weight.shape)
         self.step.compile(backend=self.rows)
         self.head = accept.FullHead(model)
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)

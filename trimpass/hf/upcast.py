@@ -106,16 +106,19 @@ def _value(node):
     return node.meta.get("example_value", node.meta.get("val")) if hasattr(node, "meta") else None
 
 
-def rewrite_rows(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
+def rewrite_rows(gm: torch.fx.GraphModule, head: tuple | None = None
+                 ) -> tuple[torch.fx.GraphModule, int]:
     """``gm`` with every linear over more than one row (or a symbolic row count) of a half-precision
-    CPU weight computed by ``trimpass::upcast_linear``, where :func:`faster` measured that faster;
-    returns the graph and how many linears changed (0: the graph itself, unchanged)."""
+    CPU weight computed by ``trimpass::upcast_linear``, where :func:`faster` measured that faster,
+    except a weight of shape ``head`` (the LM head: trimpass's pass rewrites it, and must find
+    it); returns the graph and how many linears changed (0: the graph itself, unchanged)."""
     todo = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in (torch._C._nn.linear, F.linear):
             continue
         x, w = (_value(a) for a in node.args[:2])
-        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) \
+                or (head is not None and tuple(w.shape) == tuple(head)):
             continue
         rows = x.shape[:-1]
         single = all(isinstance(n, int) for n in rows) and int(torch.Size(rows).numel()) <= 1
@@ -135,13 +138,13 @@ def rewrite_rows(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
 
 
 class RowsBackend:
-    """A Dynamo backend: :func:`rewrite_rows`, then ``inner``; ``rewritten`` counts the linears
-    changed in every graph it compiled."""
+    """A Dynamo backend: :func:`rewrite_rows` (``head``: the LM head's weight shape, left alone),
+    then ``inner``; ``rewritten`` counts the linears changed in every graph it compiled."""
 
-    def __init__(self, inner):
-        self.inner, self.rewritten = inner, 0
+    def __init__(self, inner, head: tuple):
+        self.inner, self.head, self.rewritten = inner, tuple(head), 0
 
     def __call__(self, gm, example_inputs, **kwargs):
-        gm, n = rewrite_rows(gm)
+        gm, n = rewrite_rows(gm, self.head)
         self.rewritten += n
         return self.inner(gm, example_inputs, **kwargs)
