@@ -151,3 +151,15 @@ def test_a_bf16_self_drafter_keeps_its_trimmed_head_in_every_graph(monkeypatch):
     reports = draft._trimpass_backend.reports
     assert len(reports) >= 2 and all(r.rewritten for r in reports), trimpass.explain(draft)
     assert calls  # the drafter's passes over several tokens ran upcast
+
+
+def test_the_switch_forces_either_way_and_refuses_anything_else(monkeypatch):
+    W = torch.randn(64, 8).bfloat16()
+    monkeypatch.setenv("TRIMPASS_UPCAST", "0")
+    assert upcast.Linear(W).calibrate() is False and upcast.faster(torch.float16) is False
+    monkeypatch.setenv("TRIMPASS_UPCAST", "1")
+    lin = upcast.Linear(W)
+    assert lin.calibrate() is True and lin.timings == {}  # nothing timed
+    monkeypatch.setenv("TRIMPASS_UPCAST", "yes")
+    with pytest.raises(ValueError, match="TRIMPASS_UPCAST"):
+        upcast.Linear(W).calibrate()

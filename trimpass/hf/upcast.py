@@ -14,6 +14,7 @@ computes every near-tie row again alone (:func:`trimpass.hf.accept.greedy`).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -22,6 +23,16 @@ import torch.nn.functional as F
 CHUNK = 2048  # weight rows upcast at a time: 5 MB of fp32 for a 640-wide head
 ROWS = 8  # the product timed for the choice: a typical verification
 HALF = (torch.bfloat16, torch.float16)
+
+
+def forced() -> bool | None:
+    """``TRIMPASS_UPCAST``: ``0`` never upcasts, ``1`` always does (half-precision CPU weights);
+    unset or empty, the measured choice."""
+    value = os.environ.get("TRIMPASS_UPCAST", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"TRIMPASS_UPCAST: 0 (never upcast), 1 (always) or unset (measure), "
+                         f"got {value!r}")
+    return None if value == "" else value == "1"
 
 
 @torch.no_grad()
@@ -58,6 +69,9 @@ class Linear:
         """Time both products at ``ROWS`` rows (the fastest of ``tries``) and keep the faster;
         returns whether several rows are upcast."""
         if self.upcast is not None:
+            return self.upcast
+        if forced() is not None:
+            self.upcast = forced()
             return self.upcast
         h = torch.randn(ROWS, self.weight.shape[1], generator=torch.Generator().manual_seed(0))
         h = h.to(self.weight.dtype)
@@ -96,6 +110,8 @@ def faster(dtype: torch.dtype, size: int = 1024) -> bool:
     this CPU (measured once per process and dtype; False for a dtype that is not half)."""
     if dtype not in HALF:
         return False
+    if forced() is not None:
+        return forced()
     if dtype not in _faster:
         lin = Linear(torch.randn(size, size, generator=torch.Generator().manual_seed(1)).to(dtype))
         _faster[dtype] = lin.calibrate()
