@@ -1,16 +1,20 @@
-"""The full head's product over several rows, where the CPU has no half-precision GEMM.
+"""Products over several rows, where the CPU has no half-precision GEMM.
 
 On a CPU without AVX-512 (this project's AMD EPYC VM: AVX2 only), torch multiplies bf16 or fp16
 matrices in a naive loop whose cost grows with every row: Gemma-3-270M's head (262,144 x 640,
-bf16) took 68 ms for one row, 541 ms for 8 and 1,090 ms for 16, where fp32 runs a real GEMM. The
-fused loop verifies 2 to 16 rows at a time, so there :class:`Linear` upcasts the weight in chunks
-of ``CHUNK`` rows (a few MB of fp32 that stay in cache beside the product) and multiplies in fp32:
-244 ms for 16 rows. Which way is faster is measured once per weight on this machine
-(:meth:`Linear.calibrate`), never assumed: on a CPU with AMX or AVX-512 BF16 the native product
-wins and stays. One row always takes the native product, plain decoding's own computation. The
-fp32 product rounded to the weight's dtype differs from the native several-row product by at most
-one ulp, a rounding difference of the kind two products of one row already have; the greedy rule
-computes every near-tie row again alone (:func:`trimpass.hf.accept.greedy`).
+bf16) took 68 ms for one row, 541 ms for 8 and 1,090 ms for 16, where fp32 runs a real GEMM; its
+body over 16 rows 371-467 ms against 64-100 ms for one. The fused loop runs several rows at a
+time (a prompt's chunks, a lookup verification, the full head over a round), so there
+:class:`Linear` (the full head) and :func:`rewrite_rows` (every linear of a compiled graph over
+several rows, as the custom op ``trimpass::upcast_linear``; :class:`RowsBackend` runs it before
+the inner compiler) upcast each weight in chunks of ``CHUNK`` rows (a few MB of fp32 that stay in
+cache beside the product) and multiply in fp32: 118 ms for the head's 16 rows, 124-141 ms for the
+body's. Which way is faster is measured on this machine (:meth:`Linear.calibrate`, :func:`faster`),
+never assumed: on a CPU with AMX or AVX-512 BF16 the native product wins and nothing changes;
+``TRIMPASS_UPCAST`` forces either way. One row always takes the native product, plain decoding's
+own computation. Both ways accumulate in fp32 and round once, so they differ by at most one ulp,
+a rounding difference of the kind two products of one row already have; the greedy rule computes
+every near-tie row of the head again alone (:func:`trimpass.hf.accept.greedy`).
 """
 from __future__ import annotations
 
