@@ -7,7 +7,8 @@ assisted generation with the model drafting for itself (``trimpass.self_drafter`
 ``trimpass.warm_up``), and Hugging Face prompt lookup. Each prompt runs every route in turn, so the
 machine's load drifts alike for all. Per route: tokens/s against plain, graphs compiled after the
 warm-up, the warm-up's seconds and graphs, and every divergence from plain greedy explained
-(``trimpass.hf.divergence``: a near-tie or not, its gap in ulps). Prints a markdown table and
+(``trimpass.hf.divergence``: a near-tie or not, its gap in ulps; eagerly for Hugging Face's routes,
+through its compiled body for the fused loop, as the demo does). Prints a markdown table and
 writes a PNG of tokens/s against prompt length.
 
     python bench/lengths.py --dtype bf16
@@ -79,8 +80,10 @@ def prompts(tok, want: list[int]) -> list[list[int]]:
 
 
 class Route:
-    def __init__(self, name, run, warm=None):
-        self.name, self.run, self.warm = name, run, warm
+    def __init__(self, name, run, warm=None, compiled=False):
+        """``compiled``: the route decodes through the fused loop's compiled body, whose
+        divergences are explained through that body (:func:`explain_compiled`)."""
+        self.name, self.run, self.warm, self.compiled = name, run, warm, compiled
         self.seconds, self.tokens, self.outs, self.per_prompt = 0.0, 0, [], []
         self.warm_s, self.warm_graphs, self.late_graphs, self.crashes = 0.0, 0, 0, 0
 
@@ -95,11 +98,38 @@ def _routes(model, n):
     return [
         Route("plain target (HF generate)", hf()),
         Route("fused loop (trimpass.generate)", lambda ids: trimpass.generate(model, ids, n),
-              warm=lambda: trimpass.warm_up(model)),
+              warm=lambda: trimpass.warm_up(model), compiled=True),
         Route("HF loop + trimpass.self_drafter", hf(assistant_model=draft),
               warm=lambda: trimpass.warm_up(model, draft)),
         Route("HF prompt lookup (10 tokens)", hf(prompt_lookup_num_tokens=10)),
     ]
+
+
+def explain_compiled(model, stream, outs, plain_outs, n):
+    """The fused loop's divergences from plain greedy, each explained as the demo does, through the
+    loop's compiled body: the route against plain decoding through that body (its reference,
+    ``speculate=False``), the body's one-token steps against its batched pass; then the reference
+    against Hugging Face's eager decoding, eager against the compiled body. A divergence is a
+    near-tie when every stage that differs is; its gap is the worse stage's."""
+    import trimpass
+    from trimpass.hf import divergence
+    t = divergence.Tally()
+    for p, out, hf in zip(stream, outs, plain_outs, strict=True):
+        if out is p:  # a crash's output is its prompt
+            continue
+        if torch.equal(out, hf):
+            t.same += 1
+            continue
+        ref = trimpass.generate(model, p, n, speculate=False)
+        body = model._trimpass_fused  # the reference's loop: its compiled body's own logits
+        P = p.shape[1]
+        stages = [divergence.explain(model, P, ref, out, body.logits,
+                                     lambda x, _, b=body: b.logits(x, x.shape[1])),
+                  divergence.explain(model, P, hf, ref, route_way=body.logits)]
+        stages = [d for d in stages if d is not None]
+        worst = next((d for d in stages if not d.near_tie), max(stages, key=lambda d: d.ulps))
+        (t.ties if worst.near_tie else t.bugs).append((t.total, worst))
+    return t
 
 
 def _plot(routes, lens, path, title):
@@ -179,10 +209,13 @@ def main(argv=None) -> int:
     for r in routes:
         ratios = [(rt / rs) / (pt / ps) for (pt, ps), (rt, rs), n in
                   zip(plain.per_prompt, r.per_prompt, lens, strict=True) if n >= 150]
-        t = divergence.Tally()
-        for p, o, ref in zip(stream, r.outs, plain.outs, strict=True):
-            if o is not p:  # a crash's output is its prompt
-                t.add(model, p.shape[1], ref, o)
+        if r.compiled:
+            t = explain_compiled(model, stream, r.outs, plain.outs, a.new_tokens)
+        else:
+            t = divergence.Tally()
+            for p, o, ref in zip(stream, r.outs, plain.outs, strict=True):
+                if o is not p:  # a crash's output is its prompt
+                    t.add(model, p.shape[1], ref, o)
         gaps = ", ".join(f"{d.ulps:.1f}" for _, d in t.ties + t.bugs) or "-"
         print(f"| {r.name} | {r.tokens / r.seconds:.2f} | "
               f"x{(r.tokens / r.seconds) / (plain.tokens / plain.seconds):.2f} | "
