@@ -61,3 +61,40 @@ def test_chat_prompt_uses_gemma_turn_tokens(tok):
     assert tok.tokens[106] == "<end_of_turn>" and ids.count(106) == 1
     assert tok.decode(ids[2:ids.index(106)]) == "user\nName a color."
     assert len(tok.chat("word " * 50, max_tokens=5)) == len(tok.chat("")) + 5
+
+
+def _tiny_gemma():
+    import transformers
+    cfg = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=1, head_dim=8)
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+def test_the_first_load_keeps_what_it_read_and_later_loads_read_only_that(tmp_path, monkeypatch):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"GGUF v1")
+    monkeypatch.setattr(gemma, "gguf_path", lambda: str(fake))
+    source, reads = _tiny_gemma(), []
+    vocabulary = {"tokens": ["<pad>", "\u2581a", "\ud800b"], "scores": [0.0, -1.5, 2.25],
+                  "bos": 2, "eos": 1, "unknown": 3}
+    monkeypatch.setattr(gemma, "_read_gguf_model", lambda: reads.append("model") or source)
+    monkeypatch.setattr(gemma, "_read_gguf_vocabulary",
+                        lambda path: reads.append(("vocabulary", path)) or vocabulary)
+    load = gemma.load_model.__wrapped__  # past the in-process cache: each call is a new process
+    for dtype in (torch.float32, torch.bfloat16, torch.float32):
+        m = load(dtype)
+        assert m is not source and not m.training
+        for (name, p), q in zip(source.state_dict().items(), m.state_dict().values()):
+            assert q.dtype == dtype and torch.equal(q, p.to(dtype)), name
+    for _ in range(2):
+        tok = gemma.GGUFTokenizer()
+        assert (tok.tokens, tok.scores) == (vocabulary["tokens"], vocabulary["scores"])
+        assert (tok.bos_id, tok.eos_id, tok.unk_id) == (2, 1, 3)
+    assert reads == ["model", ("vocabulary", str(fake))]
+    gemma.GGUFTokenizer(str(tmp_path / "other.gguf"))  # a GGUF of the user's: read, never kept
+    assert reads[-1] == ("vocabulary", str(tmp_path / "other.gguf"))
+    fake.write_bytes(b"GGUF v2, another file")  # a new GGUF is read again
+    load(torch.float32), gemma.GGUFTokenizer()
+    assert reads[-2:] == ["model", ("vocabulary", str(fake))]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]

