@@ -3,6 +3,7 @@ and the per-device cache of measured costs."""
 import itertools
 from collections import Counter
 
+import pytest
 import torch
 
 from trimpass import measure
@@ -53,6 +54,8 @@ def test_faster_picks_the_one_with_the_better_best_time(monkeypatch):
         clock[0] += 5 if len(evictions) % 2 else 0
     assert measure.faster(costs(0, 2, 2, 2), costs(0, 3, 3, 3), before=before)
     assert len(evictions) == 6, "before runs once before each timed call"
+    assert measure.best_ms(costs(0.009, 0.002, 0.004)) == pytest.approx(2.0)  # ms, fastest call
+    assert measure.best_ms(costs(0.007, 0.001), tries=1) == pytest.approx(7.0)
 
 
 def test_stopwatch_times_each_call():

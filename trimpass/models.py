@@ -5,19 +5,17 @@ drafter (the first N decoder layers, the final norm and the tied head, as ``trun
 deep-copied into an independent module, so training it never touches the target, optionally with
 trained parameters loaded from a safetensors file (:func:`load_weights`); :func:`drafter_beside`
 is the same drafter sharing the target's embedding and head, as it runs beside the target in one
-process. All come back untrimmed, the first two in eval mode. :func:`save_hf` writes
-``config.json`` (``architectures`` from the module's class, no quantization entry,
-``tie_word_embeddings`` as in the module) and ``model.safetensors`` (no pickle; a tied head is
-stored once, as the embedding), the layout vLLM and ``from_pretrained`` read.
+process. All come back untrimmed, the first two in eval mode. :func:`save_hf` (from
+:mod:`trimpass.hf.checkpoint`) writes a checkpoint vLLM and ``from_pretrained`` read.
 """
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 import torch
 
+from trimpass.hf.checkpoint import is_tied, save_hf
 from trimpass.lowrank import add_pairs, is_lowrank_key, lowrank_pairs
 
 __all__ = ["gemma3_270m", "gemma3_270m_drafter", "drafter_beside", "drafter_from", "load_weights",
@@ -84,11 +82,6 @@ def _weights_file(weights: str | None, layers: int) -> str | None:
     return SHIPPED
 
 
-def is_tied(module) -> bool:
-    out, inp = module.get_output_embeddings(), module.get_input_embeddings()
-    return out is not None and inp is not None and out.weight is inp.weight
-
-
 def load_weights(module, path: str) -> None:
     """Load a safetensors file of (some of) ``module``'s parameters by state-dict name; unknown
     names or shapes raise ValueError naming the file before anything is copied."""
@@ -111,27 +104,3 @@ def load_weights(module, path: str) -> None:
         for k, v in plain.items():
             own[k].copy_(v)
     add_pairs(pairs)
-
-
-def save_hf(module, directory: str) -> str:
-    """Write ``module`` as a Hugging Face checkpoint directory (config.json + model.safetensors)."""
-    from safetensors.torch import save_file
-    cfg = module.config.to_dict()
-    cfg.pop("quantization_config", None)
-    cfg.pop("_name_or_path", None)
-    cfg["architectures"] = [type(module).__name__]
-    tied = is_tied(module)
-    cfg["tie_word_embeddings"] = tied
-    dtype = next(module.parameters()).dtype
-    cfg["dtype"] = str(dtype).removeprefix("torch.")
-    sd = module.state_dict(keep_vars=True)
-    if tied:  # keep the embedding's entry only (safetensors refuses shared storage anyway)
-        head_mod = module.get_output_embeddings()
-        name = next(n for n, m in module.named_modules() if m is head_mod)
-        sd = {k: v for k, v in sd.items() if k != f"{name}.weight"}
-    sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in sd.items()}
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
-    save_file(sd, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    return directory

@@ -85,8 +85,10 @@ def test_the_first_load_keeps_what_it_read_and_later_loads_read_only_that(tmp_pa
     for dtype in (torch.float32, torch.bfloat16, torch.float32):
         m = load(dtype)
         assert m is not source and not m.training
-        for (name, p), q in zip(source.state_dict().items(), m.state_dict().values()):
-            assert q.dtype == dtype and torch.equal(q, p.to(dtype)), name
+        got = m.state_dict()
+        assert got.keys() == source.state_dict().keys()
+        for name, p in source.state_dict().items():
+            assert got[name].dtype == dtype and torch.equal(got[name], p.to(dtype)), name
     for _ in range(2):
         tok = gemma.GGUFTokenizer()
         assert (tok.tokens, tok.scores) == (vocabulary["tokens"], vocabulary["scores"])

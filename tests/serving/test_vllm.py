@@ -113,7 +113,7 @@ def test_with_temperature_the_emitted_distribution_is_the_targets(tmp_path):
     d = str(tmp_path / "v64")
     keep = list(range(16))
     r = vr.run_script("vllm_run.py", d, "sample",
-                      json.dumps({"learn_core": 0, "keep": keep, "capacity": 32}))
+                      json.dumps({"learn_core": 0, "keep": keep, "capacity": 32}), in_process=True)
     assert r["stats"]["calls"] > 0 and r["stats"]["fallbacks"] == 0
     V, prompt = vr.SAMPLE_V, vr.SAMPLE_PROMPT
     m = Gemma3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
@@ -141,7 +141,8 @@ DCUT_TABLE = {"batches": [1, 8], "drafts": [0, 32],
 def dcut_run(runs, tmp_path_factory):
     from tests.serving.vllm_run import run_script
     d = str(tmp_path_factory.mktemp("tiny_dcut") / "gemma3")
-    return run_script("vllm_run.py", d, "dcut", json.dumps({"policy": "dcut", "table": DCUT_TABLE}))
+    return run_script("vllm_run.py", d, "dcut", json.dumps({"policy": "dcut", "table": DCUT_TABLE}),
+                      in_process=True)
 
 
 def test_dcut_in_vllm_is_lossless_and_verifies_per_request_prefixes(runs, dcut_run):

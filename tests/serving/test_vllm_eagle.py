@@ -2,8 +2,9 @@
 random EAGLE drafter (the target's head shared) and an EAGLE-3 drafter (its own 1,024-id head over
 the target's 2,048 ids, a ``d2t`` map), both trimmed in the check mode (every call also computes
 the plain head: a row's finite logits must be exactly its active ids inside the head's
-vocabulary, equal there). Each engine runs in a fresh subprocess (``vllm_eagle_run.py``). Skipped
-where vLLM is not installed."""
+vocabulary, equal there). Each engine runs in a fresh subprocess (``vllm_eagle_run.py``), its
+engine core in that process (``test_vllm.py`` covers the engine's own processes). Skipped where
+vLLM is not installed."""
 import json
 
 import pytest
@@ -17,7 +18,7 @@ K = 3
 
 def _run(root, mode):
     from tests.serving.vllm_run import run_script
-    return run_script("vllm_eagle_run.py", str(root), mode, json.dumps(SETTINGS))
+    return run_script("vllm_eagle_run.py", str(root), mode, json.dumps(SETTINGS), in_process=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
 """Skipped proposals in a real vLLM engine: the tiny Gemma3 drafting for itself, speculation paused
 (budget policy ``none``) at two of every four engine steps, stepped by hand (``vllm_run.py``'s
-``skip`` mode). With a budget the drafter uses the target's own KV cache, so a paused step runs no
-drafter forward, and a drafting step's first forward runs over each request's next token alone;
-the drafter's first drafted row after each resume must equal (within 1e-4: the rows are computed
-in batches of another shape) the row of a run that paused nothing with the drafter on its own
-cache and vLLM's own first forward, and a negative control (forwards skipped, cache not shared)
-must not. A step that verifies no draft runs vLLM's plain sampler, not its rejection sampler."""
+``skip`` mode, the engine core in that process). With a budget the drafter uses the target's own KV
+cache, so a paused step runs no drafter forward, and a drafting step's first forward runs over each
+request's next token alone; the drafter's first drafted row after each resume must equal (within
+1e-4: the rows are computed in batches of another shape) the row of a run that paused nothing with
+the drafter on its own cache and vLLM's own first forward, and a negative control (forwards skipped,
+cache not shared) must not. A step that verifies no draft runs vLLM's plain sampler, not its
+rejection sampler."""
 import json
 
 import pytest
@@ -20,7 +21,8 @@ def skips(tmp_path_factory):
     modes = {"none": ("none", {}), "reference": ("skip", {"pause": [], "own_cache": True}),
              "shared": ("skip", {}), "own": ("skip", {"own_cache": True}),
              "stale": ("skip", {"stale": True})}
-    return {k: run_script("vllm_run.py", d, m, json.dumps(s)) for k, (m, s) in modes.items()}
+    return {k: run_script("vllm_run.py", d, m, json.dumps(s), in_process=True)
+            for k, (m, s) in modes.items()}
 
 
 def _compare(run, reference):

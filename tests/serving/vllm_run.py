@@ -19,15 +19,21 @@ import sys
 V, K = 2048, 3
 
 
-def run_script(script: str, *args: str, **extra_env) -> dict:
+def run_script(script: str, *args: str, in_process: bool = False, **extra_env) -> dict:
     """Run ``script`` (this directory's, e.g. ``vllm_run.py``) with ``args`` in a fresh process,
     trimpass enabled and Triton's interpreter off, and return its ``RESULT`` JSON line (tests).
     ``args[0]`` is the test's model directory (in pytest's temporary folder): trimpass's cache
-    (the budget's measurements) goes beside it, never into the user's."""
+    (the budget's measurements) goes beside it, never into the user's. ``in_process``: vLLM's
+    engine core and worker run in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the same
+    engine without its process boundaries, which saves two interpreters' start-up, about 20 s an
+    engine here); by default they run in their own processes, as a user's do."""
     import subprocess
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
-                                                             "TRIMPASS_DISABLE", "TRIMPASS_VLLM")}
+                                                             "TRIMPASS_DISABLE", "TRIMPASS_VLLM",
+                                                             "VLLM_ENABLE_V1_MULTIPROCESSING")}
     env["TRIMPASS_CACHE"] = os.path.join(os.path.dirname(os.path.abspath(args[0])), "cache")
+    if in_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env.update(extra_env)
     here = os.path.dirname(os.path.abspath(__file__))
     p = subprocess.run([sys.executable, os.path.join(here, script), *args], capture_output=True,

