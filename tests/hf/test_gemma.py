@@ -100,3 +100,21 @@ def test_the_first_load_keeps_what_it_read_and_later_loads_read_only_that(tmp_pa
     load(torch.float32), gemma.GGUFTokenizer()
     assert reads[-2:] == ["model", ("vocabulary", str(fake))]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
+def test_a_second_writer_keeps_the_first_ones_copy_and_drops_its_own(tmp_path):
+    for folder in (False, True):
+        final, tmp = tmp_path / f"kept{folder}", tmp_path / f"kept{folder}.2.part"
+        for path, text in ((final, "first"), (tmp, "second")):
+            if folder:
+                path.mkdir()
+                (path / "w").write_text(text)
+            else:
+                path.write_text(text)
+        gemma._publish(str(tmp), str(final))
+        assert not tmp.exists()
+        assert (final / "w" if folder else final).read_text() == "first"
+    alone = tmp_path / "alone.part"
+    alone.write_text("only")
+    gemma._publish(str(alone), str(tmp_path / "alone"))
+    assert (tmp_path / "alone").read_text() == "only" and not alone.exists()

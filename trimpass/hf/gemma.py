@@ -47,8 +47,9 @@ def gguf_path() -> str:
 def _derived(name: str) -> str:
     """Where something computed from the assembled GGUF is kept: named after the GGUF's size and
     modification time, so that another GGUF never meets what was read from an earlier one."""
-    st = os.stat(gguf_path())
-    return os.path.join(os.path.dirname(gguf_path()), f"{name}-{st.st_size}-{st.st_mtime_ns}")
+    path = gguf_path()
+    st = os.stat(path)
+    return os.path.join(os.path.dirname(path), f"{name}-{st.st_size}-{st.st_mtime_ns}")
 
 
 def _publish(tmp: str, final: str) -> None:
