@@ -120,6 +120,24 @@ def test_table_interpolates_and_is_monotone_everywhere():
     assert t(20, 20 + 40) > t(8, 8 + 16)  # extended past the grid, not flat
 
 
+def test_a_python_number_is_priced_with_the_bits_of_the_tensor_path():
+    rng = np.random.default_rng(7)
+    for seed in range(20):
+        g = np.random.default_rng(seed)
+        nb, nk = int(g.integers(1, 5)), int(g.integers(1, 6))
+        batches = np.sort(g.choice(np.arange(1, 70), nb, replace=False)).tolist()
+        drafts = np.sort(g.choice(np.arange(0, 300), nk, replace=False)).tolist()
+        t = CostTable(batches, drafts, 0.01 + 0.01 * g.random((nb, nk)))
+        qb = rng.integers(0, 90, 40).tolist() + rng.uniform(0, 90, 10).tolist()
+        qk = rng.integers(-5, 400, 40).tolist() + rng.uniform(-5, 400, 10).tolist()
+        for b, k in zip(qb, qk, strict=True):
+            got = t.seconds(b, k)
+            assert isinstance(got, float)
+            f64 = torch.float64
+            want = t.seconds(torch.tensor(float(b), dtype=f64), torch.tensor(float(k), dtype=f64))
+            assert got == float(want), (batches, drafts, b, k)  # the same bits, not close
+
+
 def test_update_moves_toward_observations():
     t = CostTable([1, 2, 4], [0, 4, 8], [[1.0, 1.2, 1.4], [1.1, 1.3, 1.5], [1.2, 1.4, 1.6]])
     before = t(2, 2 + 4)
@@ -256,3 +274,24 @@ def test_a_step_cost_adds_the_overhead_and_changes_what_pays():
     kw = dict(first_time=0.2, step_time=0.1, gamma_max=4, accept_max=0.9)
     assert not drafting_pays(1, table, **kw)
     assert drafting_pays(1, StepCost(table, lambda batch: 1.0, lambda batch: 1.0), **kw)
+
+
+def test_an_engine_refits_every_few_steps_within_its_share_of_the_forward_seconds():
+    from trimpass.budget.costmodel import REFIT_AFTER, EngineCost
+    table = CostTable([1, 2, 4, 8], [0, 4, 8, 16, 32], 0.05 + 0.001 * np.arange(20).reshape(4, 5))
+    cost = EngineCost(lambda b, drafted: 0.0, table.to_dict())
+    v0 = cost.table.version
+    for _ in range(REFIT_AFTER):  # the first fit after REFIT_AFTER updates
+        cost.observe(2, 2, 1e-7)
+    assert cost.table.version == v0 + 1 and cost.table(2, 2) < 0.05
+    for _ in range(40 * REFIT_AFTER):  # steps far shorter than a fit: fits would dominate
+        cost.observe(4, 4, 1e-7)
+    assert cost.table.version == v0 + 1 and cost.updates == 41 * REFIT_AFTER
+    assert cost.table.raw[2, 0] < 0.01 < cost.table(4, 4)  # the raw timings moved, not the fit
+    cost.observe(8, 8, 10.0)  # a long step: fitting is cheap beside it, and updates are due
+    assert cost.table.version == v0 + 2 and cost.table(4, 4) < 0.01
+    for _ in range(REFIT_AFTER - 1):
+        cost.observe(8, 8, 10.0)
+    assert cost.table.version == v0 + 2
+    cost.observe(8, 8, 10.0)
+    assert cost.table.version == v0 + 3 and cost.table(8, 8) > 1

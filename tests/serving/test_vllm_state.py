@@ -83,3 +83,32 @@ def test_a_resumed_request_is_rebuilt_from_its_own_tokens():
     assert "a" not in st.trimmer.state.requests
     st.before_proposal(_batch({"a": [10, 11, 12, 13], "b": [20, 21]}), [])
     assert _row(st, "a") == set(KEEP) | {10, 11, 12, 13}  # ...and rebuilt from its own tokens
+
+
+def test_a_proposal_skipped_whole_runs_nothing_and_the_rows_catch_up_at_the_next_draft():
+    from trimpass.budget import CostTable
+    from trimpass.budget.runner import PolicyRunner
+    _, _, plain = _load()
+    table = CostTable([1, 4], [0, 12], [[1.0, 2.0], [1.0, 2.0]]).to_dict()
+    runner = PolicyRunner({"policy": "none", "table": table}, 3, shares_cache=True)
+    st = vllm_state.DrafterState(plain.trimmer, runner, True, plain=None)
+    toks = {"a": [10, 11, 12], "b": [20, 21], "c": [30]}
+    got = st.before_proposal(_batch(toks), [1, 1, 1], gamma=3, tokens=3)
+    assert got == [[], [], []] and st.trimmer.rows.live == 0  # no row built, nothing drafted
+    for step in range(4):  # more skipped proposals; c leaves the batch after the first
+        _step(st, ["a", "b"] if step else ["a", "b", "c"])
+        toks = {"a": toks["a"] + [13 + step], "b": toks["b"] + [22 + step]}
+        assert st.before_proposal(_batch(toks), [1, 1], gamma=3, tokens=2) == [[], []]
+        st.end_proposal()
+    assert st.trimmer.rows.live == 0 and runner.counts["skipped"] == st.skipped_whole == 5
+    runner.set({"policy": "fixed", "gamma": 2})  # the next proposal drafts
+    decided, begin = [], runner.begin
+    runner.begin = lambda *a: decided.append(a) or begin(*a)
+    assert st.before_proposal(_batch(toks), [1, 1], gamma=3, tokens=2) is None
+    assert _row(st, "a") == set(KEEP) | set(toks["a"])  # every token of the skipped steps
+    assert _row(st, "b") == set(KEEP) | set(toks["b"])  # and no other request's
+    assert "c" not in st.trimmer.state.requests
+    assert st.begin_drafting(2, 3, 2) == 3 and decided == [(2, 3, 2)]  # taken once, above
+    st.end_proposal()
+    assert st.begin_drafting(2, 3, 2) == 3 and len(decided) == 2  # no proposal under way: asks
+    assert st.skipped_whole == 5

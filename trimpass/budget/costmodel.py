@@ -12,6 +12,7 @@ timings on disk per device name, torch version and model key (``trimpass.measure
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -47,6 +48,15 @@ def _interp(points: torch.Tensor, q: torch.Tensor):
         i = torch.zeros_like(qc, dtype=torch.long)
         return i, i, torch.zeros_like(qc)
     i = (torch.searchsorted(points, qc, right=True) - 1).clamp(0, len(points) - 2)
+    return i, i + 1, (qc - points[i]) / (points[i + 1] - points[i])
+
+
+def _interp1(points: list[float], q: float) -> tuple[int, int, float]:
+    """:func:`_interp` of one Python number, with the same float64 operations."""
+    qc = min(max(q, points[0]), points[-1])
+    if len(points) == 1:
+        return 0, 0, 0.0
+    i = min(max(bisect.bisect_right(points, qc) - 1, 0), len(points) - 2)
     return i, i + 1, (qc - points[i]) / (points[i + 1] - points[i])
 
 
@@ -93,6 +103,8 @@ class CostTable:
         self.raw, self.weights, self.alpha = raw, w, float(alpha)
         self._b = torch.tensor(self.batches, dtype=torch.float64)
         self._k = torch.tensor(self.drafts, dtype=torch.float64)
+        self._bl, self._kl = [float(b) for b in self.batches], [float(k) for k in self.drafts]
+        self.version = 0  # counts fits
         self.refit()
 
     def refit(self) -> None:
@@ -100,6 +112,8 @@ class CostTable:
         self.fit = isotonic_grid(self.raw, self.weights)
         f = torch.from_numpy(self.fit.copy())
         self._fit = f
+        self._rows = self.fit.tolist()  # the scalar path's copy
+        self.version += 1
         nb, nk = f.shape
         self._slope_k = float(((f[:, -1] - f[:, -2]) / (self._k[-1] - self._k[-2])).max()
                               ) if nk > 1 else 0.0
@@ -117,7 +131,11 @@ class CostTable:
 
         Interpolated along batch for every drafts column, then along drafts, each step as
         ``lo + f * (hi - lo)`` kept <= hi; a running max over the columns undoes rounding only
-        (the fit is monotone), so the result is exactly non-decreasing in drafts (and in tokens)."""
+        (the fit is monotone), so the result is exactly non-decreasing in drafts (and in tokens).
+        Two Python numbers take a scalar path (an engine prices every step with it) that does the
+        same float64 operations in the same order, so it returns the same bits."""
+        if _number(batch) and _number(drafts):
+            return self._scalar(float(batch), float(drafts))
         b, k = self._coords(batch, drafts)
         ib, ib1, fb = _interp(self._b, b)
         ik, ik1, fk = _interp(self._k, k)
@@ -132,6 +150,17 @@ class CostTable:
             return float(out)
         dev = next((x.device for x in (drafts, batch) if isinstance(x, torch.Tensor)), None)
         return out if dev is None else out.to(dev)
+
+    def _scalar(self, b: float, k: float) -> float:
+        ib, ib1, fb = _interp1(self._bl, b)
+        ik, ik1, fk = _interp1(self._kl, k)
+        col, top = [], -math.inf
+        for lo, hi in zip(self._rows[ib][:ik1 + 1], self._rows[ib1][:ik1 + 1], strict=True):
+            top = max(top, min(lo + fb * (hi - lo), hi))
+            col.append(top)
+        out = min(col[ik] + fk * (col[ik1] - col[ik]), col[ik1])
+        return (out + self._slope_k * max(k - self._kl[-1], 0.0)
+                + self._slope_b * max(b - self._bl[-1], 0.0))
 
     def __call__(self, batch, tokens):
         """C(batch, tokens): seconds to verify ``tokens`` tokens in all for ``batch`` requests."""
@@ -151,12 +180,11 @@ class CostTable:
         if batch < 1 or tokens < batch:
             raise ValueError(f"batch/tokens: need batch >= 1 and tokens >= batch, got {batch}, "
                              f"{tokens}")
-        r = s / float(self(batch, tokens))
-        ib, ib1, fb = _interp(self._b, torch.tensor(float(batch), dtype=torch.float64))
-        ik, ik1, fk = _interp(self._k, torch.tensor(float(tokens - batch), dtype=torch.float64))
+        r = s / float(self(int(batch), int(tokens)))
+        ib, ib1, fb = _interp1(self._bl, float(batch))
+        ik, ik1, fk = _interp1(self._kl, float(tokens - batch))
         for i, j, w in ((ib, ik, (1 - fb) * (1 - fk)), (ib, ik1, (1 - fb) * fk),
                         (ib1, ik, fb * (1 - fk)), (ib1, ik1, fb * fk)):
-            i, j, w = int(i), int(j), float(w)
             if w > 0:
                 self.raw[i, j] += self.alpha * w * (r * self.fit[i, j] - self.raw[i, j])
                 cap = max(1 / self.alpha, self.weights[i, j])
@@ -172,6 +200,10 @@ class CostTable:
     def from_dict(cls, d: dict) -> CostTable:
         return cls(d["batches"], d["drafts"], d["seconds"], d.get("weights"),
                    alpha=d.get("alpha", 0.2))
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 class StepCost:
@@ -252,6 +284,10 @@ def _grid(top: int) -> list[int]:
     return out + [top]
 
 
+REFIT_AFTER = 8  # updates between two fits of an engine's table
+REFIT_SHARE = 0.01  # the most of the observed forward seconds those fits may take
+
+
 class EngineCost:
     """An engine's verification cost C(batch, tokens): a :class:`CostTable` given by the user or
     measured at start-up (:meth:`measure`), refined from every pure decode step the engine runs
@@ -261,6 +297,7 @@ class EngineCost:
         self.overhead = overhead  # (batch, drafted) -> seconds outside the forward
         self.table = None if table is None else CostTable.from_dict(table)
         self.updates = self.measurements = 0
+        self._pending, self._observed_s, self._refit_s = 0, 0.0, 0.0
 
     def measure(self, verify: Callable[[int], object], *, key: str, max_tokens: int,
                 max_seqs: int, gamma_max: int, budget_s: float, device) -> None:
@@ -285,11 +322,21 @@ class EngineCost:
         self.measurements += 1
 
     def observe(self, batch: int, tokens: int, seconds: float) -> None:
-        """One pure decode step (every request: 1 + its drafts) of ``tokens`` in ``seconds``."""
+        """One pure decode step (every request: 1 + its drafts) of ``tokens`` in ``seconds``.
+        The fit follows every :data:`REFIT_AFTER` updates, or more rarely where its refits would
+        take more than :data:`REFIT_SHARE` of the forward seconds observed (a short step on a
+        large grid)."""
         if self.table is None:
             return
-        self.table.update(batch, tokens, seconds, refit=self.updates % 8 == 7)
+        self.table.update(batch, tokens, seconds, refit=False)
         self.updates += 1
+        self._pending += 1
+        self._observed_s += float(seconds)
+        if self._pending >= REFIT_AFTER and self._refit_s <= REFIT_SHARE * self._observed_s:
+            t0 = time.perf_counter()
+            self.table.refit()
+            self._refit_s += time.perf_counter() - t0
+            self._pending = 0
 
     @property
     def step_cost(self) -> StepCost | None:

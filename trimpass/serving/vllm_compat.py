@@ -75,7 +75,8 @@ SYMBOLS = (
            "one proposal for the batch; sampled_token_ids: each request's emitted tokens this step "
            "([B, 1 + K] with -1 where rejected, or lists)",
            "rows follow the batch's requests before the drafter runs; the budget reads what was "
-           "accepted and cuts the draft into per-request lists"),
+           "accepted, decides, and cuts the draft into per-request lists; a proposal it skips "
+           "on the target's own cache returns no drafts before vLLM prepares it"),
     Symbol(f"{_P}.propose", "patched", ("self", "num_speculative_tokens", "target_token_ids",
                                         "target_positions", "target_hidden_states",
                                         "next_token_ids"),
@@ -176,6 +177,7 @@ SYMBOLS = (
     *(Symbol(f"{_SO}.{a}", "read", meaning=m) for a, m in (
         ("num_scheduled_tokens", "request id -> tokens this step"),
         ("total_num_scheduled_tokens", "tokens this step"),
+        ("num_spec_tokens_to_schedule", "the tokens a proposal drafts for the next step"),
         ("scheduled_spec_decode_tokens", "request id -> drafted tokens verified this step"),
         ("scheduled_cached_reqs", "CachedRequestData of requests seen before"))),
     Symbol("vllm.v1.core.sched.output:CachedRequestData.resumed_req_ids", "read", (),
@@ -477,8 +479,14 @@ def _wrappers(hooks) -> dict:
             try:
                 if st is None:
                     return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-                st.before_proposal(batch(self), emitted(sampled_token_ids))
+                so = scheduler_output
                 try:
+                    skipped = st.before_proposal(
+                        batch(self), emitted(sampled_token_ids),
+                        gamma=int(so.num_spec_tokens_to_schedule),
+                        tokens=int(so.total_num_scheduled_tokens))
+                    if skipped is not None:
+                        return skipped
                     draft = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
                     return st.after_proposal(draft)
                 finally:

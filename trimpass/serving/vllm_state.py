@@ -11,6 +11,8 @@ import collections
 import time
 import weakref
 
+import torch
+
 from trimpass.base import softmax_max
 from trimpass.budget.runner import PolicyRunner, StopDrafting
 from trimpass.config import TrimpassError
@@ -23,6 +25,7 @@ from trimpass.serving.vllm_trim import Trimmer
 
 _drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _process = {"proposals": 0, "propose_s": 0.0}  # in this process, trimmed or not (benchmarks)
+_UNDECIDED = object()
 
 
 class DrafterState:
@@ -40,6 +43,8 @@ class DrafterState:
         self.rejected = None  # the runner's rejected counts, for the next-token first pass
         self.measuring = False  # the cost model is timing the target alone
         self.plain_steps = 0  # engine steps that verified no draft, sampled as plain decoding
+        self.skipped_whole = 0  # proposals skipped before vLLM prepared them
+        self._decided = _UNDECIDED  # the budget's decision for the proposal under way
 
     # ---- engine steps --------------------------------------------------------------------------
     def share_cache(self, pairs: dict) -> dict:
@@ -80,22 +85,47 @@ class DrafterState:
         self.plain_steps += 1
 
     # ---- proposals -----------------------------------------------------------------------------
-    def before_proposal(self, batch, emitted: list[int]) -> None:
+    def before_proposal(self, batch, emitted: list[int], *, gamma: int | None = None,
+                        tokens: int | None = None) -> list | None:
+        """Before vLLM prepares a proposal over ``batch``: the budget reads what the target
+        accepted of the last drafts (``emitted``: each request's tokens emitted this step) and,
+        given the proposal's ``gamma`` and the target pass's ``tokens``, decides. Returns the
+        proposal's drafts (none for every request) where the budget skips it whole and the
+        drafter shares the target's cache: then neither vLLM's preparation nor the drafter has
+        anything to do, and the request rows catch up at the next drafted proposal (each admits
+        its request's tokens since its last). Else None, and vLLM proposes."""
+        self._req_ids = batch.req_ids
+        b = self.budget
+        if b is not None:
+            b.accepted(batch.req_ids, emitted)
+            if gamma is not None and b.shares_cache:
+                run = b.begin(len(batch.req_ids), gamma, tokens)
+                if run is None:
+                    self.skipped_whole += 1
+                    return b.cut(torch.empty(len(batch.req_ids), 0, dtype=torch.long),
+                                 batch.req_ids)
+                self._decided = run
         if self.trimmer is not None:
             self.trimmer.begin(batch, emitted)
-        self._req_ids = batch.req_ids
-        if self.budget is not None:
-            self.budget.accepted(batch.req_ids, emitted)
+        return None
 
     def after_proposal(self, draft):
         return draft if self.budget is None else self.budget.cut(draft, self._req_ids)
 
     def end_proposal(self) -> None:
+        self._decided = _UNDECIDED
         if self.trimmer is not None:
             self.trimmer.end()
 
     def begin_drafting(self, batch: int | None, gamma: int, tokens: int | None) -> int | None:
-        return gamma if self.budget is None else self.budget.begin(batch, gamma, tokens)
+        """The drafting steps this proposal runs (None: no drafter forward): the budget's
+        decision, taken in :meth:`before_proposal` where vLLM's proposal passed through it."""
+        if self.budget is None:
+            return gamma
+        if self._decided is not _UNDECIDED:
+            run, self._decided = self._decided, _UNDECIDED
+            return run
+        return self.budget.begin(batch, gamma, tokens)
 
     def drafted_for(self, seconds: float) -> None:
         if self.budget is not None:
@@ -122,7 +152,7 @@ class DrafterState:
         self.budget.drafted(ids, conf, probs)
 
     def stats(self) -> dict:
-        out = {**_process, "plain_steps": self.plain_steps}
+        out = {**_process, "plain_steps": self.plain_steps, "skipped_whole": self.skipped_whole}
         if self.cache_shared:
             out["shared_cache"] = {k: self.shared[k] for k in ("first_pass_rows",
                                                                "cache_unused_bytes")}
