@@ -109,8 +109,9 @@ def explain_compiled(model, stream, outs, plain_outs, n):
     """The fused loop's divergences from plain greedy, each explained as the demo does, through the
     loop's compiled body: the route against plain decoding through that body (its reference,
     ``speculate=False``), the body's one-token steps against its batched pass; then the reference
-    against Hugging Face's eager decoding, eager against the compiled body. A divergence is a
-    near-tie when every stage that differs is; its gap is the worse stage's."""
+    against Hugging Face's eager decoding, eager against the compiled body
+    (``divergence.fused_stages``). A divergence is a near-tie when every stage that differs is;
+    its gap is the worse stage's (``divergence.worst``)."""
     import trimpass
     from trimpass.hf import divergence
     t = divergence.Tally()
@@ -122,13 +123,7 @@ def explain_compiled(model, stream, outs, plain_outs, n):
             continue
         ref = trimpass.generate(model, p, n, speculate=False)
         body = model._trimpass_fused  # the reference's loop: its compiled body's own logits
-        P = p.shape[1]
-        stages = [divergence.explain(model, P, ref, out, body.logits,
-                                     lambda x, _, b=body: b.logits(x, x.shape[1])),
-                  divergence.explain(model, P, hf, ref, route_way=body.logits)]
-        stages = [d for d in stages if d is not None]
-        worst = next((d for d in stages if not d.near_tie), max(stages, key=lambda d: d.ulps))
-        (t.ties if worst.near_tie else t.bugs).append((t.total, worst))
+        t.record(divergence.worst(divergence.fused_stages(model, body, p.shape[1], hf, ref, out)))
     return t
 
 

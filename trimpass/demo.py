@@ -288,8 +288,9 @@ def _run_fused(plain, prompts, args, device, plan) -> dict:
     # compiled batched pass; the reference against HF's eager decoding, eager against compiled
     own, eager = divergence.Tally(), divergence.Tally()
     for x, ref, (out, hf) in zip(ids, refs, outs, strict=True):
-        own.add(plain, x.shape[1], ref, out, body.logits, lambda p, _: body.logits(p, p.shape[1]))
-        eager.add(plain, x.shape[1], hf, ref, route_way=body.logits)
+        first, second = divergence.fused_stages(plain, body, x.shape[1], hf, ref, out)
+        own.record(first)
+        eager.record(second)
         hf_same += torch.equal(out, hf)
     st.lossless = own.lossless
     st.rounds, st.drafted, st.accepted, st.emitted = (f["rounds"], f["drafted"], f["accepted"],

@@ -105,3 +105,36 @@ def test_the_fused_loops_own_logits_are_the_models_both_ways():
     d = divergence.explain(model, 11, out, far, loop.logits,
                            lambda p, _: loop.logits(p, p.shape[1]))
     assert d.position == 4 and not d.near_tie and d.spread < 1e-3
+
+
+def _divergence(ulps, near_tie):
+    return divergence.Divergence(position=0, plain=1, route=2, gap=ulps, spread=1.0, ulps=ulps,
+                                 spread_ulps=1.0, near_tie=near_tie)
+
+
+def test_a_chain_of_stages_is_its_worse_stage_and_a_bug_anywhere_is_a_bug():
+    small, large, bug = _divergence(1.5, True), _divergence(3.0, True), _divergence(0.5, False)
+    assert divergence.worst([None, None]) is None
+    assert divergence.worst([small, None, large]) is large
+    assert divergence.worst([large, bug]) is bug and divergence.worst([bug, small]) is bug
+    t = divergence.Tally()
+    for d in (None, small, bug, None):
+        t.record(d)
+    assert (t.same, t.ties, t.bugs, t.lossless) == (2, [(1, small)], [(2, bug)], False)
+
+
+def test_a_fused_output_is_explained_through_the_loops_body_in_two_stages():
+    import trimpass
+    torch._dynamo.reset()
+    model = _model()
+    ids = torch.randint(0, V, (1, 13))
+    ref = trimpass.generate(model, ids, 5, speculate=False, inner="aot_eager")
+    loop = model._trimpass_fused
+    plain = _greedy(model, ids, 5)
+    far = ref.clone()
+    with torch.no_grad():
+        far[0, 15] = int(model(ref[:, :15]).logits[0, -1].argmin())
+    own, eager = divergence.fused_stages(model, loop, 13, plain, ref, far)
+    assert own.position == 2 and not own.near_tie  # the route left its reference: a bug
+    assert eager == divergence.explain(model, 13, plain, ref, route_way=loop.logits)
+    assert divergence.fused_stages(model, loop, 13, plain, ref, ref.clone())[0] is None

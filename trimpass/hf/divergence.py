@@ -10,6 +10,8 @@ and one batched pass over the whole prefix (as a verification does); a compiled 
 own two computations (the fused loop: ``FusedLoop.logits``). The gap between plain decoding's top
 logit and the route's token, against the largest difference between the two computations, decides:
 a gap within that difference is a near-tie that rounding alone can flip; a wider gap is a bug.
+A fused-loop output is explained in two stages through its compiled body (:func:`fused_stages`),
+and counts as its worse stage (:func:`worst`).
 """
 from __future__ import annotations
 
@@ -82,6 +84,27 @@ def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
                       ulps=gap / unit, spread_ulps=spread / unit, near_tie=gap <= spread)
 
 
+def fused_stages(model, body, prompt: int, plain: torch.Tensor, ref: torch.Tensor,
+                 route: torch.Tensor) -> tuple[Divergence | None, Divergence | None]:
+    """A fused loop's output ``route`` against plain decoding's ``plain`` (Hugging Face's eager
+    ``generate``), in two stages through the loop's compiled body ``body`` (``FusedLoop``): the
+    route against its reference ``ref`` (the loop run with ``speculate=False``), the body's
+    one-token steps against its batched pass; then the reference against plain decoding, eager
+    one-token steps against the body's."""
+    own = explain(model, prompt, ref, route, body.logits,
+                  lambda x, _: body.logits(x, x.shape[1]))
+    return own, explain(model, prompt, plain, ref, route_way=body.logits)
+
+
+def worst(stages) -> Divergence | None:
+    """The divergence a chain of stages amounts to: None where no stage differs, a stage that is
+    not a near-tie where one is (a bug anywhere is a bug), else the near-tie of the largest gap."""
+    found = [d for d in stages if d is not None]
+    if not found:
+        return None
+    return next((d for d in found if not d.near_tie), max(found, key=lambda d: d.ulps))
+
+
 @dataclass
 class Tally:
     """A route's outputs against plain decoding's, prompt by prompt: identical, a near-tie, or not
@@ -92,7 +115,10 @@ class Tally:
 
     def add(self, model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
             plain_way=None, route_way=None) -> None:
-        d = explain(model, prompt, plain, route, plain_way, route_way)
+        self.record(explain(model, prompt, plain, route, plain_way, route_way))
+
+    def record(self, d: Divergence | None) -> None:
+        """Counts one prompt's output already explained: identical (None), a near-tie or a bug."""
         if d is None:
             self.same += 1
         else:
