@@ -85,13 +85,18 @@ def test_a_tally_is_lossless_with_near_ties_and_not_with_a_far_token():
     assert "1 of 3 identical; near-ties 1 (prompt 2 at new token 2: gap 0.0 ulps" in str(t)
 
 
-def test_the_fused_loops_own_logits_are_the_models_both_ways():
+def _fused_reference(prompt: int, n: int):
+    """A model, a random prompt, the fused loop's plain decoding of it and that loop."""
     import trimpass
     torch._dynamo.reset()
     model = _model()
-    ids = torch.randint(0, V, (1, 11))
-    out = trimpass.generate(model, ids, 6, speculate=False, inner="aot_eager")
-    loop = model._trimpass_fused
+    ids = torch.randint(0, V, (1, prompt))
+    out = trimpass.generate(model, ids, n, speculate=False, inner="aot_eager")
+    return model, ids, out, model._trimpass_fused
+
+
+def test_the_fused_loops_own_logits_are_the_models_both_ways():
+    model, ids, out, loop = _fused_reference(11, 6)
     with torch.no_grad():
         want = model(out[:, :15]).logits[0, -1]
     steps, batched = loop.logits(out[:, :15], 11), loop.logits(out[:, :15], 15)
@@ -124,12 +129,7 @@ def test_a_chain_of_stages_is_its_worse_stage_and_a_bug_anywhere_is_a_bug():
 
 
 def test_a_fused_output_is_explained_through_the_loops_body_in_two_stages():
-    import trimpass
-    torch._dynamo.reset()
-    model = _model()
-    ids = torch.randint(0, V, (1, 13))
-    ref = trimpass.generate(model, ids, 5, speculate=False, inner="aot_eager")
-    loop = model._trimpass_fused
+    model, ids, ref, loop = _fused_reference(13, 5)
     plain = _greedy(model, ids, 5)
     far = ref.clone()
     with torch.no_grad():
