@@ -9,7 +9,7 @@ import torch
 import trimpass
 from tests.graph.test_hf import V
 from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals, peaked_llama
-from trimpass.hf.lookup import PROBE, Chooser, Lookup
+from trimpass.hf.lookup import PROBE, PROBE_MAX, Chooser, Lookup
 
 
 def test_the_longest_recurring_suffix_proposes_what_followed_it_last():
@@ -49,17 +49,24 @@ def test_the_choice_follows_tokens_per_ms():
     assert c.prefers_lookup(4) and c.prefers_lookup(7)
 
 
-def test_lookup_is_probed_at_a_requests_first_match_and_after_passing_over_it():
+def test_lookup_is_probed_at_a_requests_first_match_then_less_often_while_it_keeps_losing():
     c = Chooser(gamma=8)
     c.time("step_ms", 10.0)
     c.time("verify_ms", 60.0)  # a cost that once ran high: lookup is never preferred
     assert not c.prefers_lookup(4)
     assert not c.use_lookup(0)  # no match: no probe
     assert c.use_lookup(2)  # the request's first match
-    picks = [c.use_lookup(2) for _ in range(3 * (PROBE + 1) + 3)]
-    assert picks == ([False] * PROBE + [True]) * 3 + [False] * 3
+    waits = [PROBE, 2 * PROBE, 4 * PROBE] + [PROBE_MAX] * 3  # probes in a row back off
+    assert 4 * PROBE < PROBE_MAX
+    picks = [c.use_lookup(2) for _ in range(sum(waits) + len(waits) + 3)]
+    assert picks == sum(([False] * w + [True] for w in waits), []) + [False] * 3
     c.new_request()
     assert c.use_lookup(1)
+    for _ in range(20):  # lookup now pays: chosen on its record, the wait starts again
+        c.lookup.add(4, 12)
+    assert c.use_lookup(4) and c.use_lookup(4)
+    picks = [c.use_lookup(1) for _ in range(PROBE + 1)]  # one-token matches never paid
+    assert picks == [False] * PROBE + [True]
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llama"])

@@ -11,14 +11,16 @@ record: tokens emitted per lookup round by match length, and per trimmed self-dr
 steps it took. A lookup round emits ``1 + E[accepted | match length]`` tokens for one batched pass;
 a self-draft round emits its recorded tokens per round for its recorded steps. A choice that only
 ever picks one source never learns the other's worth, so lookup also runs, as a probe, at the first
-match of each request and after ``PROBE`` matches in a row it was not chosen for. The rule and its
-arithmetic: ``docs/fused.md``.
+match of each request and after ``PROBE`` matches in a row it was not chosen for; each probe that
+finds lookup still not worth choosing doubles that wait (up to ``PROBE_MAX``), and a round that
+chooses lookup on its record resets it. The rule and its arithmetic: ``docs/fused.md``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 PROBE = 8  # matches passed over in a row before lookup runs anyway, to refresh its record and cost
+PROBE_MAX = 64  # the longest wait between probes, after probes that kept finding lookup worse
 
 
 class Lookup:
@@ -91,7 +93,7 @@ class Chooser:
         self.lookup = Record(prior=2.0)  # keyed by match length (capped at 4)
         self.self_tokens = Record(prior=self.gamma / 2)
         self.self_steps = Record(prior=self.gamma / 2)
-        self.passed_over = PROBE
+        self.wait = self.passed_over = 0  # matches to pass over before the next probe; passed
 
     def time(self, kind: str, ms: float) -> None:
         old = getattr(self, kind)
@@ -99,11 +101,14 @@ class Chooser:
 
     def use_lookup(self, match: int) -> bool:
         """Whether this round verifies the lookup proposal of a ``match``-token suffix: where it
-        is worth more tokens per ms, or as a probe."""
+        is worth more tokens per ms, or as a probe (each one in a row waits twice as long)."""
         if match == 0:
             return False
-        if self.passed_over >= PROBE or self.prefers_lookup(match):
-            self.passed_over = 0
+        if self.prefers_lookup(match):
+            self.passed_over, self.wait = 0, PROBE
+            return True
+        if self.passed_over >= self.wait:
+            self.passed_over, self.wait = 0, min(max(2 * self.wait, PROBE), PROBE_MAX)
             return True
         self.passed_over += 1
         return False
