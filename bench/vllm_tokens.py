@@ -113,6 +113,7 @@ def serve(a) -> None:
               for k in ("first_s", "step_s", "overhead_s", "overhead_plain_s")}
         c = CostTable.from_dict(b["table"])
         ms["C(B,B)"] = {str(n): round(1e3 * c(n, n), 1) for n in c.batches}
+        ms["C(B,2B)"] = {str(n): round(1e3 * c(n, 2 * n), 1) for n in c.batches}  # 1 draft each
         print("BUDGET " + json.dumps(ms), flush=True)
 
 

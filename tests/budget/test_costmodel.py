@@ -295,3 +295,20 @@ def test_an_engine_refits_every_few_steps_within_its_share_of_the_forward_second
     assert cost.table.version == v0 + 2
     cost.observe(8, 8, 10.0)
     assert cost.table.version == v0 + 3 and cost.table(8, 8) > 1
+
+
+def test_plain_steps_slower_than_measured_raise_the_price_of_drafted_tokens_too():
+    # a table measured from forwards of n = B + K tokens, 20 ms a token, and an engine whose real
+    # plain steps run at twice that: drafted tokens must not come to look free beside them
+    batches, drafts = [1, 2, 4, 8], [0, 1, 2, 4, 8, 16, 32]
+    forward = [[0.02 * (b + k) for k in drafts] for b in batches]
+    t = CostTable(batches, drafts, forward)
+    for _ in range(40):
+        t.update(4, 4, 2 * 0.02 * 4)
+    assert t(4, 4) == pytest.approx(0.16, rel=1e-3)
+    for b, k in ((4, 1), (4, 4), (4, 16), (4, 32), (2, 8), (8, 8)):  # never observed: they
+        assert t(b, b + k) == pytest.approx(2 * 0.02 * (b + k), rel=0.02), (b, k)  # follow it
+    for _ in range(40):  # a drafted cell's own evidence outweighs the row's ratio
+        t.update(4, 4 + 16, 0.02 * 20)
+    assert t(4, 4 + 16) == pytest.approx(0.02 * 20, rel=0.02)
+    assert t(4, 4) == pytest.approx(0.16, rel=0.15)

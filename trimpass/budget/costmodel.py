@@ -13,8 +13,10 @@ timings on disk per device name, torch version and model key (``trimpass.measure
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -39,6 +41,9 @@ def _axis(name: str, values) -> list[int]:
     if any(a >= b for a, b in itertools.pairwise(vals)):
         raise ValueError(f"{name}: must be sorted strictly increasing, got {vals}")
     return vals
+
+
+RATIOS = 16  # observations whose median ratio to the given table moves the unobserved cells
 
 
 def _interp(points: torch.Tensor, q: torch.Tensor):
@@ -101,6 +106,8 @@ class CostTable:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha: must lie in (0, 1], got {alpha}")
         self.raw, self.weights, self.alpha = raw, w, float(alpha)
+        self.measured = raw.copy()  # the seconds as given: what update()'s ratios are against
+        self.ratios: collections.deque = collections.deque(maxlen=RATIOS)
         self._b = torch.tensor(self.batches, dtype=torch.float64)
         self._k = torch.tensor(self.drafts, dtype=torch.float64)
         self._bl, self._kl = [float(b) for b in self.batches], [float(k) for k in self.drafts]
@@ -173,7 +180,18 @@ class CostTable:
         clamped into the grid); each raw cell moves by an exponential moving average,
         raw += alpha * corner weight * (target - raw), its weight (evidence) grows by the corner
         weight up to 1/alpha, and the isotonic fit is recomputed (``refit=False`` defers it to a
-        later :meth:`refit`). On a grid point this is raw <- (1-alpha) raw + alpha seconds."""
+        later :meth:`refit`). On a grid point this is raw <- (1-alpha) raw + alpha seconds.
+
+        The median ratio of the last :data:`RATIOS` observations to the table as given (before
+        any update; a median, so that one step stalled by something else moves nothing), rho,
+        also reaches every other cell, each moving toward rho * its given seconds by alpha where
+        it holds no evidence of its own, less as its evidence grows, not at all once full (1 /
+        alpha): a cell the engine never observed follows the engine's observed ratio. An engine's
+        steps may run at another ratio to a start-up measurement than its dummy forwards did (on
+        a 2-core CPU, vLLM's plain decode steps ran at 1.7-2.4x the forwards its table was
+        measured from, at every batch size); moving the observed cells alone would leave the
+        unobserved cells of drafted tokens below them, and the monotone fit would then price
+        verifying drafted tokens as free."""
         s = float(seconds)
         if not (math.isfinite(s) and s > 0):
             raise ValueError(f"seconds: must be positive and finite, got {seconds!r}")
@@ -183,12 +201,23 @@ class CostTable:
         r = s / float(self(int(batch), int(tokens)))
         ib, ib1, fb = _interp1(self._bl, float(batch))
         ik, ik1, fk = _interp1(self._kl, float(tokens - batch))
+        corners = {}
         for i, j, w in ((ib, ik, (1 - fb) * (1 - fk)), (ib, ik1, (1 - fb) * fk),
                         (ib1, ik, fb * (1 - fk)), (ib1, ik1, fb * fk)):
             if w > 0:
-                self.raw[i, j] += self.alpha * w * (r * self.fit[i, j] - self.raw[i, j])
-                cap = max(1 / self.alpha, self.weights[i, j])
-                self.weights[i, j] = min(self.weights[i, j] + w, cap)
+                corners[i, j] = corners.get((i, j), 0.0) + w
+        self.ratios.append(s / sum(w * self.measured[i, j] for (i, j), w in corners.items()))
+        rho = statistics.median(self.ratios)
+        rest = np.ones(self.raw.shape, dtype=bool)
+        for i, j in corners:
+            rest[i, j] = False
+        cap = 1 / self.alpha  # a cell's evidence at most: it moves no more with the engine's ratio
+        share = self.alpha * np.clip((cap - self.weights[rest]) / max(cap - 1, 1e-9), 0, 1)
+        self.raw[rest] += share * (rho * self.measured[rest] - self.raw[rest])
+        for (i, j), w in corners.items():
+            self.raw[i, j] += self.alpha * w * (r * self.fit[i, j] - self.raw[i, j])
+            cap = max(1 / self.alpha, self.weights[i, j])
+            self.weights[i, j] = min(self.weights[i, j] + w, cap)
         if refit:
             self.refit()
 
