@@ -89,6 +89,43 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cpu", *,
     return timer.blocked_autorange(min_run_time=min_time_s).median * 1e3
 
 
+def graph_ms(fn: Callable[[], object], *, calls: int = 20, replays: int = 9,
+             flush_bytes: int = 256 << 20) -> float:
+    """Ms of one call of ``fn()`` replayed in a CUDA graph with the L2 cache flushed before it:
+    what a kernel costs inside a captured decode step, without the host's launch cost (which
+    :func:`median_ms` includes: its events bracket the launch too). ``calls`` (flush, call) pairs
+    are captured in one graph and ``calls`` flushes alone in another; the two are replayed in
+    turn ``replays`` times, and the difference of their medians is divided by ``calls``."""
+    fn()  # compiled and autotuned before the capture
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph asks
+        for _ in range(3):
+            flush.zero_()
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    both, alone = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(both):
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+    with torch.cuda.graph(alone):
+        for _ in range(calls):
+            flush.zero_()
+    times: dict = {both: [], alone: []}
+    for i in range(replays + 1):
+        for g in (both, alone):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            if i:  # the first replay of each warms up
+                times[g].append(start.elapsed_time(end))
+    return max(0.0, statistics.median(times[both]) - statistics.median(times[alone])) / calls
+
+
 def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int,
                    device: torch.device | str = "cpu", calls: int = 20,
                    seed: int = 0) -> dict[str, float]:

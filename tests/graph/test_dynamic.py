@@ -290,3 +290,27 @@ def test_escape_path_through_the_compiled_drafter_is_exact_and_its_ids_stay_acti
             out, ref_out = cm(nxt, torch.tensor([5 + t])), ref(nxt, torch.tensor([5 + t]))
         assert ops.calls["head_full"] - before == 3  # the trimmed head ran on every step
         assert trimpass.stats(cm)["escapes"] > fired >= 1
+
+
+def test_the_escape_proxy_is_allocated_when_the_graph_is_built_and_filled_in_place(monkeypatch):
+    # A CUDA-graph tree's warm-up run refuses tensors it allocated that outlive it (gpu_check's
+    # e2e section on an H200: "2 tensors in the cudagraph pool not tracked as outputs").
+    from trimpass.dynamic.escape import Proxy
+    torch._dynamo.reset()
+    seen, build = [], Proxy.build
+
+    def recording_build(self, weight):
+        before = None if self.basis is None else (self.basis.data_ptr(), self.proj.data_ptr())
+        build(self, weight)
+        seen.append((before, (self.basis.data_ptr(), self.proj.data_ptr())))
+
+    monkeypatch.setattr(Proxy, "build", recording_build)
+    m, _ = _pair(seed=5)
+    cm = torch.compile(m, backend=trimpass.backend(inner="aot_eager", learn_core=0, capacity=64,
+                                                   escape=Escape(16, 4, 0.999)), fullgraph=True)
+    with torch.no_grad():
+        cm(torch.randint(0, V, (1, 5)), torch.arange(5))
+    assert len(seen) == 1, "the proxy is built by the first step"
+    before, after = seen[0]
+    assert before is not None, "the proxy's tensors were not allocated when the graph was built"
+    assert before == after, "the first step allocated new proxy tensors"

@@ -37,23 +37,45 @@ class Proxy:
 
     def of(self, weight: torch.Tensor) -> Proxy:
         key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype)
+        if key != self.key and self.key is not None and weight.is_cuda and \
+                torch.cuda.is_current_stream_capturing():
+            # A CUDA-graph tree records a step after running it once, and may hand the recording a
+            # copy of the weight (another address); the build's eigh cannot be captured (cusolver
+            # fails), so the proxy built by that first run stands.
+            return self
         if key != self.key:
             self.build(weight)
             self.key = key
         return self
 
+    def reserve(self, V: int, d: int, dtype: torch.dtype, device) -> None:
+        """Allocate the proxy's tensors for a ``[V, d]`` head now, when the graph is built: the
+        first step fills them in place. Allocated inside that step, they would outlive a CUDA-graph
+        tree's warm-up run in its memory pool, which torch refuses ("tensors in the cudagraph pool
+        not tracked as outputs")."""
+        if self.rank < d and not self._fits(V, d, dtype, device):
+            self.basis = torch.empty((d, self.rank), dtype=dtype, device=device)
+            self.proj = torch.empty((self.rank, V), dtype=torch.bfloat16, device=device)
+
+    def _fits(self, V, d, dtype, device) -> bool:
+        return self.basis is not None and self.basis.shape == (d, self.rank) and \
+            self.basis.dtype == dtype and self.basis.device == torch.device(device) and \
+            self.proj.shape == (self.rank, V)
+
     @torch.no_grad()
     def build(self, weight: torch.Tensor) -> None:
-        d = weight.shape[1]
+        (V, d), dtype, device = weight.shape, weight.dtype, weight.device
         if self.rank >= d:
             raise ValueError(f"escape.rank: {self.rank} must be below the head's width d={d} "
                              "(a full-rank proxy costs as much as the head)")
         w = weight.float()
         gram = w.T @ w
         _, vecs = torch.linalg.eigh(gram)  # ascending eigenvalues
-        basis = vecs[:, -self.rank:].flip(1).contiguous()
-        self.basis = basis.to(weight.dtype)
-        self.proj = (w @ basis).T.to(torch.bfloat16).contiguous()
+        basis = vecs[:, -self.rank:].flip(1)
+        if not self._fits(V, d, dtype, device):
+            self.reserve(V, d, dtype, device)
+        self.basis.copy_(basis)
+        self.proj.copy_((w @ basis).T)
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Approximate logits ``[N, V]`` of hidden states ``h[N, d]``."""

@@ -135,6 +135,9 @@ class DynamicIndex(Index):
         """With the escape path on, ``head_full_escape``: the head, then the escape path."""
         if self.state.settings.escape is None:
             return None
+        w = value(weight)
+        if isinstance(w, torch.Tensor) and self.state.proxy is not None:
+            self.state.proxy.reserve(int(w.shape[0]), int(w.shape[1]), w.dtype, w.device)
         with gm.graph.inserting_before(at):
             return gm.graph.call_function(torch.ops.trimpass.head_full_escape.default, (
                 x, weight, bias, idx, count, self.state.serial))
