@@ -312,3 +312,21 @@ def test_plain_steps_slower_than_measured_raise_the_price_of_drafted_tokens_too(
         t.update(4, 4 + 16, 0.02 * 20)
     assert t(4, 4 + 16) == pytest.approx(0.02 * 20, rel=0.02)
     assert t(4, 4) == pytest.approx(0.16, rel=0.15)
+
+
+def test_drafted_steps_slower_than_measured_leave_the_price_of_a_plain_step_alone():
+    # a bucket that always drafts never observes its plain step: if the drafted steps' ratio
+    # raised it, drafting would keep looking better than plain steps that are cheaper in truth
+    batches, drafts = [1, 2, 4, 8], [0, 1, 2, 4, 8, 16, 32]
+    forward = [[0.02 * (b + k) for k in drafts] for b in batches]
+    t = CostTable(batches, drafts, forward)
+    for _ in range(40):
+        t.update(1, 5, 2.5 * 0.02 * 5)  # one request verifying 4 drafted tokens, at 2.5x
+    assert t(1, 5) == pytest.approx(0.25, rel=1e-3)
+    assert t(1, 1) == pytest.approx(0.02, rel=1e-3)  # the plain step as measured
+    assert t(2, 2) == pytest.approx(0.04, rel=1e-3)
+    assert t(2, 2 + 8) == pytest.approx(2.5 * 0.02 * 10, rel=0.02)  # drafted cells follow
+    for _ in range(40):  # plain steps observed: then they, and their ratio, move the plain cells
+        t.update(1, 1, 0.05)
+    assert t(1, 1) == pytest.approx(0.05, rel=1e-3)
+    assert t(2, 2) == pytest.approx(2.5 * 0.04, rel=0.02)

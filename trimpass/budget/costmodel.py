@@ -108,6 +108,9 @@ class CostTable:
         self.raw, self.weights, self.alpha = raw, w, float(alpha)
         self.measured = raw.copy()  # the seconds as given: what update()'s ratios are against
         self.ratios: collections.deque = collections.deque(maxlen=RATIOS)
+        self.plain_ratios: collections.deque = collections.deque(maxlen=RATIOS)  # no draft
+        self._plain = np.zeros(shape, dtype=bool)
+        self._plain[:, [j for j, k in enumerate(self.drafts) if k == 0]] = True
         self._b = torch.tensor(self.batches, dtype=torch.float64)
         self._k = torch.tensor(self.drafts, dtype=torch.float64)
         self._bl, self._kl = [float(b) for b in self.batches], [float(k) for k in self.drafts]
@@ -191,7 +194,15 @@ class CostTable:
         a 2-core CPU, vLLM's plain decode steps ran at 1.7-2.4x the forwards its table was
         measured from, at every batch size); moving the observed cells alone would leave the
         unobserved cells of drafted tokens below them, and the monotone fit would then price
-        verifying drafted tokens as free."""
+        verifying drafted tokens as free.
+
+        Plain steps' cells (no drafted token) follow the ratio of plain observations alone: a
+        bucket that always drafts never observes its plain step, so a plain cell raised by the
+        drafted steps' ratio (in bf16 on an AVX2-only CPU, verifying 5 tokens ran at a larger
+        ratio to the start-up forwards than a plain step) would keep drafting priced better than
+        plain steps that are cheaper in truth, and nothing would correct it. A plain cell priced
+        too low instead makes the bucket skip, and the plain steps it then observes correct
+        it."""
         s = float(seconds)
         if not (math.isfinite(s) and s > 0):
             raise ValueError(f"seconds: must be positive and finite, got {seconds!r}")
@@ -206,14 +217,21 @@ class CostTable:
                         (ib1, ik, fb * (1 - fk)), (ib1, ik1, fb * fk)):
             if w > 0:
                 corners[i, j] = corners.get((i, j), 0.0) + w
-        self.ratios.append(s / sum(w * self.measured[i, j] for (i, j), w in corners.items()))
-        rho = statistics.median(self.ratios)
+        ratio = s / sum(w * self.measured[i, j] for (i, j), w in corners.items())
+        self.ratios.append(ratio)
+        if tokens == batch:
+            self.plain_ratios.append(ratio)
         rest = np.ones(self.raw.shape, dtype=bool)
         for i, j in corners:
             rest[i, j] = False
         cap = 1 / self.alpha  # a cell's evidence at most: it moves no more with the engine's ratio
-        share = self.alpha * np.clip((cap - self.weights[rest]) / max(cap - 1, 1e-9), 0, 1)
-        self.raw[rest] += share * (rho * self.measured[rest] - self.raw[rest])
+        for cells, ratios in ((rest & ~self._plain, self.ratios),
+                              (rest & self._plain, self.plain_ratios)):
+            if ratios and cells.any():
+                share = self.alpha * np.clip((cap - self.weights[cells]) / max(cap - 1, 1e-9),
+                                             0, 1)
+                self.raw[cells] += share * (statistics.median(ratios) * self.measured[cells] -
+                                            self.raw[cells])
         for (i, j), w in corners.items():
             self.raw[i, j] += self.alpha * w * (r * self.fit[i, j] - self.raw[i, j])
             cap = max(1 / self.alpha, self.weights[i, j])
