@@ -61,8 +61,9 @@ def table(rows: list[dict], dtype: str) -> list[str]:
     out = [f"### {dtype}", "",
            "| configuration | run | tokens/s at " + " / ".join(
                str(c) for c in sorted({r["concurrency"] for r in rows})) +
-           " | vs no speculation | draft ms | MAT | skipped | probes | plain steps |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           " | vs no speculation | draft ms | MAT | skipped | probes | plain probes "
+           "| plain steps |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for config in dict.fromkeys(r["config"] for r in rows):
         for run in sorted({r["run"] for r in rows if r["config"] == config}):
             got = sorted((r for r in rows if r["config"] == config and r["run"] == run),
@@ -74,9 +75,10 @@ def table(rows: list[dict], dtype: str) -> list[str]:
             mats = [r["mat"] for r in got if r["mat"] is not None]
             mat = f"{min(mats):.2f}-{max(mats):.2f}" if mats else "-"
             col = {k: " / ".join(str(r.get(k, 0)) for r in got)
-                   for k in ("skipped", "probes", "plain_steps")}
+                   for k in ("skipped", "probes", "plain_probes", "plain_steps")}
             out.append(f"| {NAMES.get(config, config)} | {run} | {tps} | {vs} | {ms} | {mat} | "
-                       f"{col['skipped']} | {col['probes']} | {col['plain_steps']} |")
+                       f"{col['skipped']} | {col['probes']} | {col['plain_probes']} | "
+                       f"{col['plain_steps']} |")
     for r in rows:
         if "budget_ms" in r:
             out += ["", f"{NAMES.get(r['config'], r['config'])}: the budget's own timings after "
@@ -173,8 +175,9 @@ def main() -> None:
              f"Gemma-3-270M, eager, {a.k} drafted tokens, {a.tokens} greedy tokens per request, "
              f"the first N held-out ShareGPT prompts at N = {a.concurrency}, each run "
              f"{a.repeat} times in a row after a warm-up on 8 other prompts. Draft ms: one whole "
-             "proposal; MAT: tokens per target step; skipped, probes, plain steps: D-Cut's "
-             "proposals skipped, probes drafted, and engine steps sampled as plain decoding.", ""]
+             "proposal; MAT: tokens per target step; skipped, probes, plain probes, plain steps: "
+             "D-Cut's proposals skipped, probes drafted, proposals skipped to time a plain step "
+             "(counted in skipped too), and engine steps sampled as plain decoding.", ""]
     for dtype, rows in results.items():
         lines += table(rows, dtype) + [""]
     print("\n".join(lines))
@@ -183,11 +186,13 @@ def main() -> None:
             f.write("\n".join(lines) + f"\n![tokens/s]({os.path.basename(a.out)}.png)\n")
         with open(a.out + ".json", "w") as f:
             json.dump(results, f)
+        wrote = f"{a.out}.md, {a.out}.json"
         try:
             plot(results, a.out + ".png")
+            wrote += f" and {a.out}.png"
         except ImportError:  # vLLM's venv has no matplotlib
-            log(a, f"no matplotlib here: .venv/bin/python bench/vllm_steady.py --plot {a.out}")
-        log(a, f"wrote {a.out}.md, {a.out}.json and {a.out}.png")
+            wrote += f"; no matplotlib here: .venv/bin/python bench/vllm_steady.py --plot {a.out}"
+        log(a, f"wrote {wrote}")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,7 @@ def serve(a) -> None:
                      "mat": 1 + d["accepted"] / d["drafts"] if d["drafts"] else None,
                      "mean_active": after.get("mean_active"),
                      "skipped": d.get("skipped", 0), "probes": d.get("probes", 0),
+                     "plain_probes": d.get("plain_probes", 0),
                      "plain_steps": d.get("plain_steps", 0)})
     print("RESULT " + json.dumps(rows), flush=True)
     b = tv.stats(llm).get("budget")
@@ -127,7 +128,8 @@ def _counters(llm) -> dict:
     s = tv.stats(llm)
     b = s.get("budget", {})
     return {"skipped": b.get("skipped", 0) + b.get("skipped_first_forward_ran", 0),
-            "probes": b.get("probes", 0), "plain_steps": s.get("plain_steps", 0),
+            "probes": b.get("probes", 0), "plain_probes": b.get("plain_probes", 0),
+            "plain_steps": s.get("plain_steps", 0),
             "accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),
             "drafts": m.get("vllm:spec_decode_num_drafts", 0), "proposals": s["proposals"],
             "propose_s": s["propose_s"], "mean_active": s["mean_active"]}

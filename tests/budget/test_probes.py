@@ -6,8 +6,18 @@ import random
 
 import pytest
 
+from trimpass.budget.costmodel import CostTable
 from trimpass.budget.policies import check_settings
-from trimpass.budget.probes import FLOOR, RECORD_STEP, REENTRY, Probes
+from trimpass.budget.probes import (
+    FLOOR,
+    PLAIN_EVERY,
+    PLAIN_MAX,
+    PLAIN_SEEN,
+    RECORD_STEP,
+    REENTRY,
+    Probes,
+)
+from trimpass.budget.runner import PolicyRunner
 
 
 def _probe_times(p, n, *, k=4, loss=10.0, plain=1.0, record=0.5):
@@ -97,3 +107,53 @@ def test_probes_spend_at_most_the_rate_of_the_skipped_seconds_on_random_loads():
                 saved[k] = saved.get(k, 0.0) + plain
         for k, s in spent.items():  # a probe at a re-entry is not paid for by skipped seconds
             assert s <= rate * saved.get(k, 0.0) + 20.0 * p.reentries[k], (rate, k)
+
+
+def _plain_probe_times(p, n, *, k=4):
+    got = []
+    for i in range(n):
+        if not p.decide(k, False, loss=1.0, plain_s=1.0, record=0.5) and p.plain_probe(k):
+            got.append(i)
+            p.plain_observed(k)  # the skipped proposal's step is a plain step
+    return got
+
+
+def test_a_bucket_that_drafts_skips_now_and_then_to_observe_its_plain_step_then_backs_off():
+    assert (PLAIN_EVERY, PLAIN_SEEN, PLAIN_MAX) == (4, 5, 256)  # the schedule written out below
+    got = _plain_probe_times(Probes(1 / 16), 1100)
+    # every 4th proposal until 5 plain steps are seen, then 8, 16, ... drafted proposals apart
+    gaps = [4, 4, 4, 4, 4, 8, 16, 32, 64, 128, 256, 256, 256]
+    assert got == [sum(gaps[:i + 1]) - 1 for i in range(len(gaps))]
+
+
+def test_a_plain_step_the_bucket_observes_restarts_its_count_and_other_buckets_keep_theirs():
+    p = Probes(1 / 16)
+    assert _plain_probe_times(p, 3) == []
+    p.plain_observed(4)  # a plain step the policy chose (or a neighbouring probe's)
+    assert _plain_probe_times(p, 3) == [] and _plain_probe_times(p, 1) == [0]
+    assert _plain_probe_times(p, 4, k=8) == [3]
+
+
+def test_a_runner_whose_table_overprices_the_plain_step_finds_out_and_skips():
+    # the start-up table prices a plain step of 4 requests at 30 ms; the engine's take 18 ms, and
+    # verifying 4 drafts each (20 tokens) 45 ms, as the table says; drafting costs 21 ms a step.
+    # By the table drafting pays (20 tokens in 129 ms against 4 in 30); in truth plain steps do
+    # (4 in 18 ms), and only a plain step the engine runs can show it
+    table = CostTable([1, 4, 8], [0, 4, 16, 32],
+                      [[0.020, 0.024, 0.034, 0.050], [0.030, 0.034, 0.045, 0.060],
+                       [0.040, 0.046, 0.058, 0.075]])
+    r = PolicyRunner({"policy": "dcut", "table": table.to_dict()}, 4, shares_cache=True)
+    r.timing = lambda name, batch: 0.021
+    plain = {str(i): 1 for i in range(4)}
+    skips = []
+    for _ in range(40):
+        skip = r._skip(4)
+        skips.append(skip)
+        if skip:
+            r.observed(plain, {}, 4, 0.018)
+        else:
+            r.observed({x: 5 for x in plain}, {x: 4 for x in plain}, 20, 0.045)
+    assert not skips[0] and r.counts["plain_probes"] >= 1
+    seen = "".join("s" if s else "d" for s in skips)
+    assert sum(not s for s in skips[8:]) <= r.counts["probes"] <= 2, seen  # drafts: probes only
+    assert r.counts["plain_probes"] <= 2, seen  # the rest is the policy's own decision

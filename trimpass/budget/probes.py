@@ -7,7 +7,15 @@ seconds since the bucket's last probe reach ``loss / rate``. Each probe after wh
 still skips halves its rate (down to :data:`FLOOR` of the setting), since skipping keeps paying;
 the rate returns to the setting, and a probe is due at once, when the acceptance record has moved
 by :data:`RECORD_STEP` since the bucket's last probe, or when the batch enters the bucket from
-another one after more than :data:`REENTRY` proposals elsewhere."""
+another one after more than :data:`REENTRY` proposals elsewhere.
+
+The other way round, a bucket that drafts skips one proposal now and then (a plain probe), so that
+the cost model sees what a plain step costs at that batch size: a start-up measurement that prices
+the plain step too high would keep the bucket drafting where plain steps pay better, and only a
+plain step observed in the engine corrects it. A plain probe costs at most one step's gain from
+speculation; it is due after :data:`PLAIN_EVERY` drafted proposals without a plain step while the
+bucket has observed fewer than :data:`PLAIN_SEEN` plain steps, then after twice as many each time,
+up to :data:`PLAIN_MAX`."""
 from __future__ import annotations
 
 import collections
@@ -16,6 +24,10 @@ import dataclasses
 FLOOR = 1 / 64  # the lowest rate, as a share of the setting
 RECORD_STEP = 0.05  # a move of the acceptance record (its largest calibrated value) that re-probes
 REENTRY = 16  # proposals away from a bucket after which coming back to it probes at once
+PLAIN_EVERY = 4  # drafted proposals before a plain probe while the plain step is little observed
+PLAIN_SEEN = 5  # plain steps a bucket observes before its plain probes back off (1 / the cost
+# table's alpha: a cell's evidence when the engine's own steps outweigh its start-up measurement)
+PLAIN_MAX = 256  # the most drafted proposals between two plain steps of a bucket
 
 
 @dataclasses.dataclass
@@ -38,6 +50,8 @@ class Probes:
         self._proposals = 0
         self._last_bucket = None
         self.reentries = collections.Counter()  # bucket -> probes at a re-entry
+        self._drafted = collections.Counter()  # bucket -> drafted proposals since a plain step
+        self._plain_seen = collections.Counter()  # bucket -> plain steps observed
 
     @staticmethod
     def loss(batch: int, gamma: int, cost, first_s: float | None, step_s: float | None,
@@ -78,6 +92,21 @@ class Probes:
         b.rate = self.base if moved or stale else max(b.rate / 2, self.base * FLOOR)
         b.saved_s, b.record = 0.0, record
         return True
+
+    def plain_probe(self, k: int) -> bool:
+        """One proposal at batch bucket ``k`` that the policy drafts (and :meth:`decide` did not
+        change): whether it skips instead, a plain probe."""
+        self._drafted[k] += 1
+        doublings = min(max(self._plain_seen[k] - PLAIN_SEEN + 1, 0), PLAIN_MAX.bit_length())
+        if self._drafted[k] < min(PLAIN_EVERY << doublings, PLAIN_MAX):
+            return False
+        self._drafted[k] = 0
+        return True
+
+    def plain_observed(self, k: int) -> None:
+        """The engine observed a plain step (no drafted token) at batch bucket ``k``."""
+        self._drafted[k] = 0
+        self._plain_seen[k] += 1
 
     def rates(self) -> dict:
         """Batch bucket -> its current probe rate."""

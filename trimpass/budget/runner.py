@@ -2,14 +2,15 @@
 engine-independent. Before a proposal :meth:`PolicyRunner.begin` says how many drafting steps to
 run (the policy may skip it; a skipped one drafts anyway where
 :class:`trimpass.budget.probes.Probes` prices a probe worth it, so the timings and the calibration
-stay current; a bucket's timings are its own once it has timed :data:`TIMED_MIN` proposals,
-before that its nearest timed bucket's, scaled by the cost model, or none: then it drafts, and is
-timed); during it :meth:`PolicyRunner.drafted` records each drafted token's
-confidence (the drafter's probability of the token it drafted) and raises :class:`StopDrafting`
-where the policy ends drafting (requests it stops count 0 from then on); after it
-:meth:`PolicyRunner.cut` cuts the draft into per-request prefixes. Confidences are calibrated by
-what the target accepted of earlier drafts (:meth:`PolicyRunner.accepted`). The timings
-(:class:`trimpass.budget.timings.Timings`) and the cost model
+stay current, and a drafted one now and then skips, a plain probe, so that the cost model observes
+the plain step it is priced against; a bucket's timings are its own once it has timed
+:data:`TIMED_MIN` proposals, before that its nearest timed bucket's, scaled by the cost model, or
+none: then it drafts, and is timed); during it :meth:`PolicyRunner.drafted` records each drafted
+token's confidence (the drafter's probability of the token it drafted) and raises
+:class:`StopDrafting` where the policy ends drafting (requests it stops count 0 from then on);
+after it :meth:`PolicyRunner.cut` cuts the draft into per-request prefixes. Confidences are
+calibrated by what the target accepted of earlier drafts (:meth:`PolicyRunner.accepted`). The
+timings (:class:`trimpass.budget.timings.Timings`) and the cost model
 (:class:`trimpass.budget.costmodel.EngineCost`) are its parts; the engine feeds them."""
 from __future__ import annotations
 
@@ -104,6 +105,9 @@ class PolicyRunner:
         if self.probes.decide(bucket(batch), skip, loss=loss, plain_s=plain, record=accept_max):
             self.counts["probes"] += 1
             return False
+        if not skip and loss is not None and self.probes.plain_probe(bucket(batch)):
+            self.counts["plain_probes"] += 1  # timed and priced: a plain step's cost to observe
+            return True
         return skip
 
     def timing(self, name: str, batch: int) -> float | None:
@@ -223,6 +227,8 @@ class PolicyRunner:
         self.counts["verified_max"] = max(self.counts["verified_max"], max(lengths, default=0))
         if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
             self.cost.observe(len(scheduled), int(tokens), seconds)
+            if not any(lengths):
+                self.probes.plain_observed(bucket(len(scheduled)))
 
     def stats(self) -> dict:
         return {"policy": self.policy.name, "gamma": self.settings.get("gamma"),
