@@ -157,3 +157,12 @@ def test_a_runner_whose_table_overprices_the_plain_step_finds_out_and_skips():
     seen = "".join("s" if s else "d" for s in skips)
     assert sum(not s for s in skips[8:]) <= r.counts["probes"] <= 2, seen  # drafts: probes only
     assert r.counts["plain_probes"] <= 2, seen  # the rest is the policy's own decision
+
+
+@pytest.mark.parametrize("policy", [{"policy": "fixed", "gamma": 4}, {"policy": "off"}])
+def test_a_policy_that_does_not_price_steps_never_skips_for_a_plain_probe(policy):
+    table = CostTable([1, 4], [0, 16], [[0.010, 0.020], [0.030, 0.045]])
+    r = PolicyRunner({**policy, "table": table.to_dict()}, 4, shares_cache=True)
+    r.timing = lambda name, batch: 0.001
+    assert not any(r._skip(4) for _ in range(4 * PLAIN_EVERY))
+    assert r.counts["plain_probes"] == 0

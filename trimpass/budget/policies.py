@@ -26,6 +26,8 @@ class Policy:
     """Keep every drafted token, draft as far as the engine asks (the ``off`` policy)."""
     name = "off"
     reads_confidence = False  # whether stop() and keep() need the calibrated confidences
+    prices_steps = False  # whether skip() weighs drafting against a plain step's price (which
+    # plain probes then keep observed)
 
     def __init__(self, settings: dict):
         self.settings = settings
@@ -73,6 +75,7 @@ class DCut(Policy):
     """D-Cut: the verification budget shared across the batch by calibrated confidence."""
     name = "dcut"
     reads_confidence = True
+    prices_steps = True
 
     def skip(self, *, batch, gamma, cost, first_s, step_s, accept_max):
         return _no_draft_pays(batch=batch, gamma=gamma, cost=cost, first_s=first_s,
@@ -95,6 +98,7 @@ class AllOrNothing(Policy):
     """A step's whole draft or none of it, by D-Cut's cost model; drafts as far as asked."""
     name = "all-or-nothing"
     reads_confidence = True
+    prices_steps = True
 
     def skip(self, *, batch, gamma, cost, first_s, step_s, accept_max):
         return _no_draft_pays(batch=batch, gamma=gamma, cost=cost, first_s=first_s,

@@ -105,7 +105,8 @@ class PolicyRunner:
         if self.probes.decide(bucket(batch), skip, loss=loss, plain_s=plain, record=accept_max):
             self.counts["probes"] += 1
             return False
-        if not skip and loss is not None and self.probes.plain_probe(bucket(batch)):
+        if self.policy.prices_steps and not skip and loss is not None and \
+                self.probes.plain_probe(bucket(batch)):
             self.counts["plain_probes"] += 1  # timed and priced: a plain step's cost to observe
             return True
         return skip
