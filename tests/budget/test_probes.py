@@ -147,7 +147,7 @@ def test_a_runner_whose_table_overprices_the_plain_step_finds_out_and_skips():
     plain = {str(i): 1 for i in range(4)}
     skips = []
     for _ in range(40):
-        skip = r._skip(4)
+        skip = r.begin(4, 4, 4) is None  # a decode step of 4 tokens; None: no drafter forward
         skips.append(skip)
         if skip:
             r.observed(plain, {}, 4, 0.018)
@@ -164,5 +164,5 @@ def test_a_policy_that_does_not_price_steps_never_skips_for_a_plain_probe(policy
     table = CostTable([1, 4], [0, 16], [[0.010, 0.020], [0.030, 0.045]])
     r = PolicyRunner({**policy, "table": table.to_dict()}, 4, shares_cache=True)
     r.timing = lambda name, batch: 0.001
-    assert not any(r._skip(4) for _ in range(4 * PLAIN_EVERY))
+    assert all(r.begin(4, 4, 4) == 4 for _ in range(4 * PLAIN_EVERY))  # every proposal drafts
     assert r.counts["plain_probes"] == 0

@@ -72,8 +72,7 @@ class Proxy:
         gram = w.T @ w
         _, vecs = torch.linalg.eigh(gram)  # ascending eigenvalues
         basis = vecs[:, -self.rank:].flip(1)
-        if not self._fits(V, d, dtype, device):
-            self.reserve(V, d, dtype, device)
+        self.reserve(V, d, dtype, device)  # a no-op where the graph's build reserved them
         self.basis.copy_(basis)
         self.proj.copy_((w @ basis).T)
 
