@@ -86,6 +86,7 @@ class Route:
         self.name, self.run, self.warm, self.compiled = name, run, warm, compiled
         self.seconds, self.tokens, self.outs, self.per_prompt = 0.0, 0, [], []
         self.warm_s, self.warm_graphs, self.late_graphs, self.crashes = 0.0, 0, 0, 0
+        self.replays = []  # a compiled route's (loop, trace) per prompt
 
 
 def _routes(model, n):
@@ -105,17 +106,18 @@ def _routes(model, n):
     ]
 
 
-def explain_compiled(model, stream, outs, plain_outs, n):
+def explain_compiled(model, stream, outs, plain_outs, n, replays):
     """The fused loop's divergences from plain greedy, each explained as the demo does, through the
     loop's compiled body: the route against plain decoding through that body (its reference,
-    ``speculate=False``), the body's one-token steps against its batched pass; then the reference
-    against Hugging Face's eager decoding, eager against the compiled body
-    (``divergence.fused_stages``). A divergence is a near-tie when every stage that differs is;
-    its gap is the worse stage's (``divergence.worst``)."""
+    ``speculate=False``), the body's one-token steps against the route's own computation, replayed
+    from its call's trace (``replays``); then the reference against Hugging Face's eager
+    decoding, eager against the compiled body (``divergence.fused_stages``). A divergence is a
+    near-tie when every stage that differs is; its gap is the worse stage's
+    (``divergence.worst``)."""
     import trimpass
     from trimpass.hf import divergence
     t = divergence.Tally()
-    for p, out, hf in zip(stream, outs, plain_outs, strict=True):
+    for p, out, hf, replay in zip(stream, outs, plain_outs, replays, strict=True):
         if out is p:  # a crash's output is its prompt
             continue
         if torch.equal(out, hf):
@@ -123,7 +125,8 @@ def explain_compiled(model, stream, outs, plain_outs, n):
             continue
         ref = trimpass.generate(model, p, n, speculate=False)
         body = model._trimpass_fused  # the reference's loop: its compiled body's own logits
-        t.record(divergence.worst(divergence.fused_stages(model, body, p.shape[1], hf, ref, out)))
+        t.record(divergence.worst(divergence.fused_stages(model, body, p.shape[1], hf, ref, out,
+                                                          replay)))
     return t
 
 
@@ -189,6 +192,8 @@ def main(argv=None) -> int:
             r.seconds, r.tokens = r.seconds + dt, r.tokens + n
             r.per_prompt.append((max(n, 1), dt))
             r.outs.append(out)
+            if r.compiled:  # the loop of this very call, and its trace, to replay
+                r.replays.append((model._trimpass_fused, model._trimpass_fused.trace))
         left = (time.perf_counter() - started) / (k + 1) * (len(stream) - k - 1)
         log.info("prompt %d/%d (%d tokens) done; about %.0f s left", k + 1, len(stream),
                  p.shape[1], left)
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
         ratios = [(rt / rs) / (pt / ps) for (pt, ps), (rt, rs), n in
                   zip(plain.per_prompt, r.per_prompt, lens, strict=True) if n >= 150]
         if r.compiled:
-            t = explain_compiled(model, stream, r.outs, plain.outs, a.new_tokens)
+            t = explain_compiled(model, stream, r.outs, plain.outs, a.new_tokens, r.replays)
         else:
             t = divergence.Tally()
             for p, o, ref in zip(stream, r.outs, plain.outs, strict=True):

@@ -203,13 +203,13 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
-    from trimpass.hf import buckets, fused
-    fused.check_model(model)
-    fused.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
-                     top_p)
+    from trimpass.hf import buckets, fused, fused_checks
+    fused_checks.check_model(model)
+    fused_checks.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature,
+                            top_k, top_p)
     buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model))
-    tokens = fused.lookup_tokens(lookup)
-    fused.check_output_cache(output_cache, tokens, model)
+    tokens = fused_checks.lookup_tokens(lookup)
+    fused_checks.check_output_cache(output_cache, tokens, model)
     loop = _fused_loop(model, gamma, confidence, speculate, tokens, config)
     model._trimpass_fused = loop  # the one stats(model) reports
     sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
@@ -244,8 +244,8 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
     ``warm_up(model, ...)`` with :func:`generate`'s settings warms the fused loop (its first call
     does it too); ``warm_up(model, draft)`` with ``draft = self_drafter(model)`` warms Hugging
     Face's assisted generation with that drafter (its first ``generate`` does not: call this)."""
-    from trimpass.hf import fused, selfdraft
-    fused.check_model(model)
+    from trimpass.hf import fused_checks, selfdraft
+    fused_checks.check_model(model)
     if draft is not None:
         if gamma is not None or confidence is not None or config or not speculate \
                 or lookup is not True:
@@ -253,8 +253,8 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
                                 "model and draft")
         return selfdraft.warm_up(model, draft)
     with torch.no_grad():
-        return _fused_loop(model, gamma, confidence, speculate, fused.lookup_tokens(lookup),
-                           config).warm_up()
+        return _fused_loop(model, gamma, confidence, speculate,
+                           fused_checks.lookup_tokens(lookup), config).warm_up()
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

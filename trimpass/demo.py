@@ -281,14 +281,15 @@ def _run_fused(plain, prompts, args, device, plan) -> dict:
                 t0 = time.perf_counter()
                 out = gen(x)
                 st.seconds += time.perf_counter() - t0
-            outs.append((out, hf))
+            outs.append((out, hf, (loop, loop.trace)))
             act.append(trimpass.stats(plain)["drafter"]["active"][0])
     f = trimpass.stats(plain)
-    # after the timing: the fused loop against its reference, compiled one-token steps against a
-    # compiled batched pass; the reference against HF's eager decoding, eager against compiled
+    # after the timing: the fused loop against its reference, compiled one-token steps against
+    # the call's own computation replayed; the reference against HF's eager decoding, eager
+    # against compiled
     own, eager = divergence.Tally(), divergence.Tally()
-    for x, ref, (out, hf) in zip(ids, refs, outs, strict=True):
-        first, second = divergence.fused_stages(plain, body, x.shape[1], hf, ref, out)
+    for x, ref, (out, hf, replay) in zip(ids, refs, outs, strict=True):
+        first, second = divergence.fused_stages(plain, body, x.shape[1], hf, ref, out, replay)
         own.record(first)
         eager.record(second)
         hf_same += torch.equal(out, hf)

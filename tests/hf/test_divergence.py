@@ -1,6 +1,7 @@
 """divergence.explain: agreeing outputs have no divergence; a route's token that ties plain
 decoding's top logit is a near-tie; a token far below it is not (a bug, reported as such); the gap
 is counted in ulps of the dtype at the top logit."""
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -138,3 +139,34 @@ def test_a_fused_output_is_explained_through_the_loops_body_in_two_stages():
     assert own.position == 2 and not own.near_tie  # the route left its reference: a bug
     assert eager == divergence.explain(model, 13, plain, ref, route_way=loop.logits)
     assert divergence.fused_stages(model, loop, 13, plain, ref, ref.clone())[0] is None
+
+
+def test_a_fused_call_replays_bit_for_bit_and_a_token_its_logits_do_not_rank_first_is_a_bug():
+    """The route's own computation, replayed from its call's trace (prefill, one-token steps,
+    lookup verifications and rollbacks), gives back every token the route emitted; with it, a
+    token below the top of the route's own logits is a bug, whatever the gap."""
+    import trimpass
+    torch._dynamo.reset()
+    model = _model()
+    ids = torch.randint(0, V, (1, 12)).repeat(1, 3)  # text that repeats itself: lookup drafts
+    out = trimpass.generate(model, ids, 24, inner="aot_eager")
+    loop, P = model._trimpass_fused, ids.shape[1]
+    trace = list(loop.trace)
+    st = trimpass.stats(model)["sources"]
+    assert st["lookup"]["rounds"] > 0 and st["self"]["rounds"] > 0, st  # both kinds replayed
+    assert {e[0] for e in trace} == {"cache", "rollback", "pass"}
+    for i in range(P, out.shape[1]):
+        z = loop.replayed(trace, i - 1)
+        assert int(z.argmax()) == int(out[0, i]), i
+    assert loop.trace == trace  # a replay records nothing
+    ref = trimpass.generate(model, ids, 24, speculate=False, inner="aot_eager")
+    body = model._trimpass_fused
+    assert torch.equal(ref, out)  # fp32, tiny: the route is its reference
+    wrong = out.clone()
+    z = loop.replayed(trace, P + 2)
+    wrong[0, P + 3] = int(z.argsort()[-2])  # the route's own runner-up
+    own, _ = divergence.fused_stages(model, body, P, out, ref, wrong, (loop, trace))
+    assert own.position == 3 and not own.near_tie
+    assert divergence.fused_stages(model, body, P, out, ref, out, (loop, trace))[0] is None
+    with pytest.raises(ValueError, match="position"):
+        loop.replayed(trace, out.shape[1] + 5)

@@ -10,8 +10,12 @@ and one batched pass over the whole prefix (as a verification does); a compiled 
 own two computations (the fused loop: ``FusedLoop.logits``). The gap between plain decoding's top
 logit and the route's token, against the largest difference between the two computations, decides:
 a gap within that difference is a near-tie that rounding alone can flip; a wider gap is a bug.
-A fused-loop output is explained in two stages through its compiled body (:func:`fused_stages`),
-and counts as its worse stage (:func:`worst`).
+Where the route's own computation is replayed bit for bit (``exact``: the fused loop's trace,
+``FusedLoop.replayed``), what decides is whether that computation ranks the route's token at least
+as high as plain decoding's: then the flip is the two computations' rounding apart, and its gap is
+at most twice their largest difference; else the route emitted a token its own logits do not
+rank first, a bug. A fused-loop output is explained in two stages through its compiled body
+(:func:`fused_stages`), and counts as its worse stage (:func:`worst`).
 """
 from __future__ import annotations
 
@@ -64,12 +68,13 @@ def _one_token_steps(model, prefix: torch.Tensor, prompt: int) -> torch.Tensor:
 
 @torch.no_grad()
 def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
-            plain_way=None, route_way=None) -> Divergence | None:
+            plain_way=None, route_way=None, exact: bool = False) -> Divergence | None:
     """The first divergence of ``route`` from ``plain`` (outputs [1, prompt + n] of one prompt of
     ``prompt`` tokens), or None where they agree. ``plain_way`` and ``route_way`` (each
     ``(prefix, prompt) -> logits [V]`` of the prefix's last position) say how each output was
     computed; by default eagerly, one-token steps and one batched pass. A route through a compiled
-    body passes its own (``FusedLoop.logits``): a compiled body rounds otherwise than eager."""
+    body passes its own (``FusedLoop.logits``): a compiled body rounds otherwise than eager.
+    ``exact``: ``route_way`` is the route's own computation, bit for bit."""
     at = first_difference(plain, route, prompt)
     if at is None:
         return None
@@ -80,19 +85,26 @@ def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
     gap = float(steps[a] - steps[b])
     spread = float((steps - batched).abs().max())
     unit = ulp(float(steps[a]), next(model.parameters()).dtype)
+    tie = bool(batched[b] >= batched[a]) if exact else gap <= spread
     return Divergence(position=at - prompt, plain=a, route=b, gap=gap, spread=spread,
-                      ulps=gap / unit, spread_ulps=spread / unit, near_tie=gap <= spread)
+                      ulps=gap / unit, spread_ulps=spread / unit, near_tie=tie)
 
 
 def fused_stages(model, body, prompt: int, plain: torch.Tensor, ref: torch.Tensor,
-                 route: torch.Tensor) -> tuple[Divergence | None, Divergence | None]:
+                 route: torch.Tensor, replay=None) -> tuple[Divergence | None, Divergence | None]:
     """A fused loop's output ``route`` against plain decoding's ``plain`` (Hugging Face's eager
     ``generate``), in two stages through the loop's compiled body ``body`` (``FusedLoop``): the
     route against its reference ``ref`` (the loop run with ``speculate=False``), the body's
-    one-token steps against its batched pass; then the reference against plain decoding, eager
-    one-token steps against the body's."""
-    own = explain(model, prompt, ref, route, body.logits,
-                  lambda x, _: body.logits(x, x.shape[1]))
+    one-token steps against the route's own computation where ``replay`` (``(loop, trace)``: the
+    route's loop and its call's ``loop.trace``) is given, else against the body's batched pass;
+    then the reference against plain decoding, eager one-token steps against the body's."""
+    if replay is not None:
+        loop, trace = replay
+        own = explain(model, prompt, ref, route, body.logits,
+                      lambda x, _: loop.replayed(trace, x.shape[1] - 1), exact=True)
+    else:
+        own = explain(model, prompt, ref, route, body.logits,
+                      lambda x, _: body.logits(x, x.shape[1]))
     return own, explain(model, prompt, plain, ref, route_way=body.logits)
 
 

@@ -16,6 +16,7 @@ step). Batch 1 only.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import types
@@ -26,7 +27,7 @@ from transformers.cache_utils import Cache
 
 from trimpass import measure
 from trimpass.config import disabled
-from trimpass.hf import accept, buckets, lookup, selfdraft, upcast
+from trimpass.hf import accept, buckets, decode_attention, lookup, upcast
 from trimpass.hf.assisted import compiled_graphs
 from trimpass.loops.stats import LoopStats
 
@@ -79,7 +80,9 @@ class _Step(torch.nn.Module):
 
     def __init__(self, model, head: bool):
         super().__init__()
-        self.body = getattr(model, model.base_model_prefix)
+        config = decode_attention.copy_config(model.config)  # its own attention, not the model's
+        self.body = decode_attention.rebind(getattr(model, model.base_model_prefix),
+                                            decode_attention.configs(model.config, config))
         self.head = model.get_output_embeddings() if head else None
         self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
         # Dynamo keeps at most recompile_limit (8) graphs per code object, and each step
@@ -95,80 +98,6 @@ class _Step(torch.nn.Module):
             return hs, h, None
         z = self.head(h)
         return hs, h, torch.tanh(z / self.cap) * self.cap if self.cap else z
-
-
-def check_model(model) -> None:
-    """A clear error for a model the loop cannot serve, naming what is missing."""
-    selfdraft.check(model)
-    prefix = getattr(model, "base_model_prefix", "")
-    if not isinstance(getattr(model, prefix, None) if prefix else None, torch.nn.Module):
-        raise ValueError(f"model: {type(model).__name__} has no base model under its "
-                         f"base_model_prefix ({prefix!r}); the fused loop runs the body alone")
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("model: an encoder-decoder model; the fused loop serves decoder-only "
-                         "causal LMs")
-
-
-def _int(name, value, lo, what):
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name}: {what}, an int >= {lo}, got {value!r}")
-
-
-def lookup_tokens(lookup) -> int:
-    """``generate``'s ``lookup`` as the most tokens a lookup draft proposes (0: off)."""
-    if lookup is True:
-        return LOOKUP_TOKENS
-    if lookup is False:
-        return 0
-    if isinstance(lookup, int) and 1 <= lookup <= LOOKUP_TOKENS:
-        return lookup
-    raise ValueError(f"lookup: True (drafts of up to {LOOKUP_TOKENS} tokens from the text "
-                     f"repeating itself), False (off), or the most tokens a draft proposes, an "
-                     f"int in [1, {LOOKUP_TOKENS}]; got {lookup!r}")
-
-
-def check_output_cache(cache, lookup_tokens: int, model) -> None:
-    """A clear error for an ``output_cache`` the call cannot use, before any compute; binds it to
-    ``model``'s vocabulary."""
-    if cache is None:
-        return
-    from trimpass.hf.output_cache import OutputCache
-    if not isinstance(cache, OutputCache):
-        raise ValueError(f"output_cache: a trimpass.OutputCache or None, got "
-                         f"{type(cache).__name__}")
-    if not lookup_tokens:
-        raise ValueError("output_cache: earlier outputs are lookup drafts; it needs lookup on "
-                         "(lookup=True), not lookup=False")
-    cache.bind(model.get_output_embeddings().weight.shape[0])
-
-
-def check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
-               top_p) -> None:
-    """A clear error for a bad argument of :func:`trimpass.generate`, before any compute."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1 \
-            or input_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"input_ids: expected integer ids [batch, length >= 1], got "
-                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"input_ids: the fused loop decodes one sequence at a time, got a batch "
-                         f"of {input_ids.shape[0]}; call it per prompt (prompts of different "
-                         "lengths need no padding that way)")
-    if attention_mask is not None and (attention_mask.shape != input_ids.shape
-                                       or not bool(attention_mask.bool().all())):
-        raise ValueError("attention_mask: the fused loop takes an unpadded prompt (all ones, the "
-                         "shape of input_ids); drop the padding")
-    _int("max_new_tokens", max_new_tokens, 1, "tokens to generate")
-    if not isinstance(do_sample, bool):
-        raise ValueError(f"do_sample: True or False, got {do_sample!r}")
-    if do_sample and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                      or not temperature > 0):
-        raise ValueError(f"temperature: must be > 0 when sampling (do_sample=False decodes "
-                         f"greedily), got {temperature!r}")
-    if top_k is not None:
-        _int("top_k", top_k, 1, "ids kept for sampling (None: all)")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p: a probability in (0, 1] (None: no nucleus), got {top_p!r}")
 
 
 class Sampler:
@@ -218,6 +147,7 @@ class FusedLoop:
         self.stats = FusedStats(name="fused")
         self.chooser = lookup.Chooser(gamma)
         self.warmed = False
+        self.trace = None  # the last call's cache, rollbacks and body passes, in order (replay)
 
     def _fresh_cache(self, prompt: int, new: int) -> Cache:
         """An empty cache for a prompt of ``prompt`` tokens and ``new`` more (a new size is a new
@@ -230,6 +160,8 @@ class FusedLoop:
         return self.cache
 
     def _rollback(self, length: int) -> None:
+        if self.trace is not None:
+            self.trace.append(("rollback", length))
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(length)
 
@@ -239,6 +171,8 @@ class FusedLoop:
         graph whose row count is dynamic (a prompt's chunk, a verification: any length)."""
         # a slice of a longer prompt keeps that prompt's row stride, and Dynamo guards on strides
         ids = torch.empty_like(ids, memory_format=torch.contiguous_format).copy_(ids)
+        if self.trace is not None:
+            self.trace.append(("pass", at, ids))
         positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
         if ids.shape[1] > 1:
             torch._dynamo.maybe_mark_dynamic(ids, 1)
@@ -388,11 +322,41 @@ class FusedLoop:
         (plain decoding's computation; ``prompt = n``: one pass over many rows, a verification's).
         What :func:`trimpass.hf.divergence.explain` compares."""
         ids = prefix.to(self.head.weight.device)
-        self._fresh_cache(ids.shape[1], 1)
-        h, _ = self._prefill(ids[:, :prompt])
-        for j in range(prompt, ids.shape[1]):
-            h, _ = self._run(ids[:, j:j + 1], j)
+        with self._untraced():
+            self._fresh_cache(ids.shape[1], 1)
+            h, _ = self._prefill(ids[:, :prompt])
+            for j in range(prompt, ids.shape[1]):
+                h, _ = self._run(ids[:, j:j + 1], j)
         return self.head(h)[0]
+
+    @contextlib.contextmanager
+    def _untraced(self):
+        """Body passes that leave the last call's trace as it was."""
+        kept, self.trace = self.trace, None
+        try:
+            yield
+        finally:
+            self.trace = kept
+
+    @torch.no_grad()
+    def replayed(self, trace: list, position: int) -> torch.Tensor:
+        """The full head's logits [V] for the row at ``position`` as a call of this loop computed
+        them (``trace``: its ``self.trace``): its cache, rollbacks and body passes replayed in
+        order up to the last pass over that row, the pass whose row gave the token after it."""
+        last = max((i for i, e in enumerate(trace) if e[0] == "pass"
+                    and e[1] <= position < e[1] + e[2].shape[1]), default=None)
+        if last is None:
+            raise ValueError(f"position: no body pass of this trace computed row {position}")
+        with self._untraced():
+            for e in trace[:last + 1]:
+                if e[0] == "cache":
+                    self._fresh_cache(e[1], e[2])
+                elif e[0] == "rollback":
+                    self._rollback(e[1])
+                else:
+                    hs = self._pass(e[2], e[1])[0]
+        row = position - trace[last][1]
+        return self.head(hs[row:row + 1])[0]
 
     def _first(self, h, sampler) -> int:
         """The full head's own token from one hidden state (the prefill's, plain decoding's)."""
@@ -409,6 +373,7 @@ class FusedLoop:
         if state is not None and state.V is not None:
             state.reset()  # a new request: its context ids, not the last one's
         P = input_ids.shape[1]
+        self.trace = [("cache", P, max_new_tokens)]
         self._fresh_cache(P, max_new_tokens)
         ids = input_ids.to(self.head.weight.device)
         h, _ = self._prefill(ids)

@@ -4,8 +4,11 @@ generation config, so that it keeps its own trimpass state and KV cache when it 
 ``model.generate(..., assistant_model=...)``'s assistant; :func:`trimpass.self_drafter` compiles it
 through trimpass. Any causal LM with a ``[V, d]`` output embedding works, tied or not, with all of
 its layers: the copy is made through Hugging Face's own ``base_model_prefix`` (``model`` for Gemma,
-Llama and Qwen2, ``transformer`` for GPT-2), never by layer names. Where the model verifies
-row-invariantly (:mod:`trimpass.hf.exact`), the copy runs plain ``sdpa``: only the target needs it.
+Llama and Qwen2, ``transformer`` for GPT-2), never by layer names, and every module under it that
+reads the config reads the copy's. Where the model runs ``sdpa`` (or verifies row-invariantly,
+:mod:`trimpass.hf.exact`, which only the target needs), the copy runs
+:mod:`trimpass.hf.decode_attention`: a one-token step's attention in fp32 products, 5x faster in
+bf16 on the CPU at 1,024 tokens.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import copy
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from trimpass.hf import exact
+from trimpass.hf import decode_attention
 
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
          "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
@@ -94,14 +97,16 @@ def shared_copy(model, gamma: int, confidence: float):
     ``gamma``)."""
     check(model)
     check_schedule(gamma, confidence)
-    config = copy.deepcopy(model.config)
-    if getattr(config, "_attn_implementation", None) == exact.NAME:
-        config._attn_implementation = "sdpa"
+    config = decode_attention.copy_config(model.config)
     draft = _shallow(model, config)
     prefix = getattr(model, "base_model_prefix", "")
     base = getattr(model, prefix, None) if prefix else None
+    to = decode_attention.configs(model.config, config)
     if isinstance(base, torch.nn.Module) and base is not model:
-        setattr(draft, prefix, _shallow(base, config))  # its masks follow the copy's config
+        base = _shallow(base, config)  # its masks follow the copy's config, and its layers
+        base._modules = {k: decode_attention.rebind(m, to) if m is not None else None
+                         for k, m in base._modules.items()}
+        setattr(draft, prefix, base)
     draft.generation_config = copy.deepcopy(model.generation_config)
     draft._prepare_cache_for_generation = _full_length_layers(draft._prepare_cache_for_generation)
     g = draft.generation_config
