@@ -82,6 +82,61 @@ def test_coming_back_to_a_bucket_probes_at_once_only_after_a_while_away():
     assert p.reentries == {8: 1}
 
 
+def test_a_hopeless_bucket_neither_probes_at_once_on_a_moved_record_nor_on_coming_back():
+    """Where no acceptance makes drafting pay, a moved record or a re-entry cannot change the
+    decision: only the schedule probes (an early probe at 64 requests costs about a second)."""
+    kw = dict(loss=10.0, plain_s=1.0)
+    p = Probes(0.5)
+    p.decide(4, True, record=0.5, hopeless=True, **kw)
+    assert not p.decide(4, True, record=0.5 + 2 * RECORD_STEP, hopeless=True, **kw)
+    assert p.decide(4, True, record=0.5 + 2 * RECORD_STEP, hopeless=False, **kw)  # at once
+    q = Probes(1 / 16)
+    q.decide(8, True, record=0.5, hopeless=True, **kw)
+    for _ in range(REENTRY + 1):
+        q.decide(4, True, record=0.5, hopeless=True, **kw)
+    assert not q.decide(8, True, record=0.5, hopeless=True, **kw)
+    # the schedule still probes it: after loss / rate skipped seconds (20 at rate 0.5)
+    h = Probes(0.5)
+    got = [i for i in range(30) if h.decide(4, True, record=0.5 + (i % 2) * RECORD_STEP * 3,
+                                            hopeless=True, **kw)]
+    assert got == [20]
+
+
+def test_a_bucket_is_hopeless_when_no_draft_length_pays_even_with_every_token_accepted():
+    def cost(batch, tokens):  # 2 s a step, 0.5 s a verified drafted token
+        return 2.0 + 0.5 * (tokens - batch)
+    # 3 requests, every token accepted: 4 drafts pay (1.75 + 6 - 8 < 0), so it is not hopeless
+    assert not Probes.hopeless(3, 4, cost, 1.0, 0.25)
+    # a first drafting step of 3 s: 1 draft loses 3 + 1.5 - 2, 4 drafts 3.75 + 6 - 8
+    assert Probes.hopeless(3, 4, cost, 3.0, 0.25)
+    assert not Probes.hopeless(3, 1, cost, 0.4, 0.25)  # one draft: 0.4 + 1.5 - 2 < 0
+    assert not Probes.hopeless(3, 4, None, 3.0, 0.25)  # nothing known: not hopeless
+    assert not Probes.hopeless(3, 4, cost, None, 0.25)
+
+
+def test_a_runner_at_a_hopeless_bucket_skips_through_a_moved_record():
+    # 64 requests: a plain step 144 ms, each verified drafted token 0.5 ms more, drafting 200 ms
+    # then 136 ms a step: even every token accepted loses, as measured at 64 on the AVX-512 VM
+    table = CostTable([1, 64], [0, 64, 256],
+                      [[0.020, 0.052, 0.148], [0.144, 0.176, 0.272]])
+
+    def probes(records):
+        r = PolicyRunner({"policy": "dcut", "table": table.to_dict()}, 4, shares_cache=True)
+        r.timing = lambda name, batch: 0.200 if name == "first_s" else 0.136
+        assert Probes.hopeless(64, 4, r.cost.step_cost, 0.200, 0.136)
+        it = iter(records)
+        r.calibration.scores = lambda x: x.new_full((1,), next(it))
+        drafted = [r.begin(64, 4, 64) is not None for _ in range(len(records))]
+        return sum(drafted), r.counts["probes"]
+
+    # the record moving at every proposal, never above the steady one (so never a cheaper
+    # probe by the schedule): no more probes than the schedule gives the steady record
+    steady = probes([0.96] * 40)
+    swinging = probes([0.9, 0.96] * 20)
+    assert steady[0] == steady[1] <= 2 and swinging[0] == swinging[1] <= steady[1], \
+        (steady, swinging)
+
+
 def test_the_loss_is_drafting_and_extra_verification_less_what_accepted_tokens_save():
     def cost(batch, tokens):  # 2 s a step, 0.5 s a verified drafted token
         return 2.0 + 0.5 * (tokens - batch)

@@ -102,7 +102,9 @@ class PolicyRunner:
             return skip
         loss = Probes.loss(batch, self.gamma_max, cost, first_s, step_s, accept_max)
         plain = None if cost is None else float(cost(batch, batch))
-        if self.probes.decide(bucket(batch), skip, loss=loss, plain_s=plain, record=accept_max):
+        hopeless = skip and Probes.hopeless(batch, self.gamma_max, cost, first_s, step_s)
+        if self.probes.decide(bucket(batch), skip, loss=loss, plain_s=plain, record=accept_max,
+                              hopeless=hopeless):
             self.counts["probes"] += 1
             return False
         if self.policy.prices_steps and not skip and loss is not None and \
