@@ -3,8 +3,8 @@ itself (a :func:`trimpass.self_drafter`, the fused loop's body); never for the u
 
 PyTorch 2.13's CPU ``scaled_dot_product_attention`` (its flash kernel) is slow for a single query
 in reduced precision: on Gemma-3-270M's shapes (4 query heads on 1 KV head of 256) it takes
-1.08 ms over 1,024 keys in bf16, against 0.21 ms for the same product and softmax in fp32 ops,
-0.09 ms for the flash kernel in fp32, and 0.52 ms for 4 queries in bf16 (``bench/results/
+0.90 ms over 1,024 keys in bf16, against 0.16 ms for the same products and softmax in fp32, 0.09
+ms for the flash kernel in fp32, and 0.29 ms for 4 queries in bf16 (``bench/results/
 decode_attention.md``). A decoding step pays it in every layer, and it grows with the context: at
 1,024 tokens it is about half of a compiled drafting step. :func:`attention` computes a single
 query's attention as two products and a softmax in fp32 (each query head against its KV head, no
