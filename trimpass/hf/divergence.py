@@ -98,13 +98,13 @@ def fused_stages(model, body, prompt: int, plain: torch.Tensor, ref: torch.Tenso
     one-token steps against the route's own computation where ``replay`` (``(loop, trace)``: the
     route's loop and its call's ``loop.trace``) is given, else against the body's batched pass;
     then the reference against plain decoding, eager one-token steps against the body's."""
-    if replay is not None:
+    def route_way(prefix, _):
+        if replay is None:
+            return body.logits(prefix, prefix.shape[1])
         loop, trace = replay
-        own = explain(model, prompt, ref, route, body.logits,
-                      lambda x, _: loop.replayed(trace, x.shape[1] - 1), exact=True)
-    else:
-        own = explain(model, prompt, ref, route, body.logits,
-                      lambda x, _: body.logits(x, x.shape[1]))
+        return loop.replayed(trace, prefix.shape[1] - 1)
+
+    own = explain(model, prompt, ref, route, body.logits, route_way, exact=replay is not None)
     return own, explain(model, prompt, plain, ref, route_way=body.logits)
 
 
