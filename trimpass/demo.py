@@ -284,6 +284,8 @@ def _run_fused(plain, prompts, args, device, plan) -> dict:
             outs.append((out, hf, (loop, loop.trace)))
             act.append(trimpass.stats(plain)["drafter"]["active"][0])
     f = trimpass.stats(plain)
+    # counted before the explanations below: a replay runs the trimmed head again
+    head_runs, recompiles = head_ops() - before, assisted.compiled_graphs() - graphs
     # after the timing: the fused loop against its reference, compiled one-token steps against
     # the call's own computation replayed; the reference against HF's eager decoding, eager
     # against compiled
@@ -301,8 +303,8 @@ def _run_fused(plain, prompts, args, device, plan) -> dict:
                 draft_round=1e3 * st.draft_s / rounds,
                 verify_round=1e3 * (st.seconds - st.draft_s) / rounds, tps=st.tokens_per_s,
                 lossless=st.lossless, active=statistics.mean(act), state=None,
-                draft_calls=st.draft_calls, head_runs=head_ops() - before,
-                target_tps=beside.tokens_per_s, recompiles=assisted.compiled_graphs() - graphs,
+                draft_calls=st.draft_calls, head_runs=head_runs,
+                target_tps=beside.tokens_per_s, recompiles=recompiles,
                 trimmed=True, fused=True, own=own, eager=eager, hf_same=hf_same,
                 sources=f["sources"],
                 lookup_tokens=loop.lookup_tokens)
