@@ -65,8 +65,44 @@ def test_lookup_is_probed_at_a_requests_first_match_then_less_often_while_it_kee
     for _ in range(20):  # lookup now pays: chosen on its record, the wait starts again
         c.lookup.add(4, 12)
     assert c.use_lookup(4) and c.use_lookup(4)
-    picks = [c.use_lookup(1) for _ in range(PROBE + 1)]  # one-token matches never paid
+    for _ in range(20):  # one-token matches kept nothing
+        c.lookup.add(1, 1)
+    picks = [c.use_lookup(1) for _ in range(PROBE + 1)]
     assert picks == [False] * PROBE + [True]
+
+
+def test_a_match_length_not_yet_seen_starts_from_what_lookup_did_at_the_others():
+    c = Chooser(gamma=8)
+    c.time("step_ms", 10.0)
+    c.time("verify_ms", 25.0)
+    for _ in range(3):  # self-drafts keep 8 of 8: 0.1 tokens / ms, prior or not
+        c.self_tokens.add(0, 8)
+        c.self_steps.add(0, 8)
+    assert not c.prefers_lookup(4)  # the prior alone: 2 tokens in 25 ms
+    c.lookup.add(2, 16)  # a two-token match kept a whole proposal of 15
+    # a four-token match, never seen: (0 + (16 + 2) / 2) / 1 = 9 tokens in 25 ms
+    assert c.prefers_lookup(4)
+
+
+def test_a_passed_over_proposal_is_recorded_from_the_tokens_its_round_emitted():
+    c = Chooser(gamma=8)
+    c.unchosen(3, [5, 6, 7, 9], [5, 6, 7, 8, 2])  # parts at the fourth: 3 kept, 1 emitted
+    c.unchosen(4, [5, 6], [5, 6, 7])  # all of it kept, and the head's own token after it
+    c.unchosen(7, [5, 6, 7, 8], [5, 6])  # agrees as far as the round went: at least 3
+    c.unchosen(1, [4], [5, 6])  # the first token differs: the head's own alone
+    assert c.lookup.tokens == {3: 4, 4: 3 + 3, 1: 1}
+    assert c.lookup.rounds == {3: 1, 4: 2, 1: 1}
+    # a lookup round that kept nothing, then self-drafts keeping 8 of 8 while the proposal agrees
+    c = Chooser(gamma=8)
+    c.time("step_ms", 10.0)
+    c.time("verify_ms", 25.0)
+    c.lookup.add(4, 1)
+    for _ in range(3):
+        c.self_tokens.add(0, 8)
+        c.self_steps.add(0, 8)
+    assert not c.prefers_lookup(4)  # (1 + 1.5) / 2 = 1.25 tokens in 25 ms against 0.1 / ms
+    c.unchosen(4, list(range(15)), list(range(8)))
+    assert c.prefers_lookup(4)  # (1 + 9 + 4) / 3 = 4.7 tokens in 25 ms
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llama"])
@@ -86,6 +122,21 @@ def test_greedy_with_lookup_is_the_plain_output_with_both_sources_in_the_call(na
     assert st["batched_passes"] > before["batched_passes"]
     plain = trimpass.generate(model, ids, 48, speculate=False, **FAST)
     assert torch.equal(got, plain) and torch.equal(got, _decode(model, ids, 48))
+
+
+def test_the_loop_records_each_proposal_a_self_draft_round_passed_over(monkeypatch):
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    model = MODELS["llama"]().eval()
+    ids = torch.randint(0, V, (1, 10)).repeat(1, 3)  # every round has a proposal
+    monkeypatch.setattr(Chooser, "use_lookup", lambda self, match: False)
+    got = trimpass.generate(model, ids, 30, gamma=4, learn_core=64, **FAST)
+    st, record = trimpass.stats(model), model._trimpass_fused.chooser.lookup
+    assert st["sources"]["lookup"]["rounds"] == 0 and st["sources"]["self"]["rounds"] > 0
+    # every round but those with no proposal (nothing recurs yet; a budget of one token)
+    assert 0 < sum(record.rounds.values()) <= st["sources"]["self"]["rounds"]
+    assert sum(record.tokens.values()) >= sum(record.rounds.values())
+    assert torch.equal(got, _decode(model, ids, 30))
 
 
 def test_lookup_false_and_disable_switch_off_what_they_name(monkeypatch):

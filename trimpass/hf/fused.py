@@ -302,17 +302,18 @@ class FusedLoop:
         t0 = time.perf_counter()
         if not self.speculate:
             return self._plain(torch.tensor([token], device=self.head.weight.device), at, sampler)
-        if self.lookup_tokens and budget > 1:
-            proposal, match = text.propose(budget - 1)
-            if proposal and self.chooser.use_lookup(match):
-                new = self._lookup_round(token, proposal, match, at, sampler)
-                self.chooser.time("verify_ms", 1e3 * (time.perf_counter() - t0))
-                return new
+        proposal, match = text.propose(budget - 1) if self.lookup_tokens and budget > 1 else ([], 0)
+        if proposal and self.chooser.use_lookup(match):
+            new = self._lookup_round(token, proposal, match, at, sampler)
+            self.chooser.time("verify_ms", 1e3 * (time.perf_counter() - t0))
+            return new
         steps = self.stats.body_steps
         new = self._round(torch.tensor([token], device=self.head.weight.device), at, budget,
                           sampler)
         ms = 1e3 * (time.perf_counter() - t0)
         self.chooser.time("step_ms", ms / max(self.stats.body_steps - steps, 1))
+        if proposal:
+            self.chooser.unchosen(match, proposal, new)
         return new
 
     @torch.no_grad()

@@ -7,13 +7,15 @@ that followed it there, at no body step. The fused loop verifies them in one bat
 
 :class:`Chooser` picks a round's source by expected tokens per millisecond, from costs the loop
 times on this machine (a one-token body step, a batched verification pass) and the request's own
-record: tokens emitted per lookup round by match length, and per trimmed self-draft round with the
-steps it took. A lookup round emits ``1 + E[accepted | match length]`` tokens for one batched pass;
-a self-draft round emits its recorded tokens per round for its recorded steps. A choice that only
-ever picks one source never learns the other's worth, so lookup also runs, as a probe, at the first
-match of each request and after ``PROBE`` matches in a row it was not chosen for; each probe that
-finds lookup still not worth choosing doubles that wait (up to ``PROBE_MAX``), and a round that
-chooses lookup on its record resets it. The rule and its arithmetic: ``docs/fused.md``.
+record: tokens emitted per lookup round by match length (also read off the rounds that passed a
+proposal over: the tokens they emitted say what a lookup round would have kept), and per trimmed
+self-draft round with the steps it took. A lookup round emits ``1 + E[accepted | match length]``
+tokens for one batched pass; a self-draft round emits its recorded tokens per round for its recorded
+steps. A round that passes lookup over still learns its worth, but not its cost, which changes
+with the request's length; so lookup also runs, as a probe, at the first match of each request and
+after ``PROBE`` matches in a row it was not chosen for; each probe that finds lookup still not
+worth choosing doubles that wait (up to ``PROBE_MAX``), and a round that chooses lookup on its
+record resets it. The rule and its arithmetic: ``docs/fused.md``.
 """
 from __future__ import annotations
 
@@ -74,7 +76,11 @@ class Record:
         self.rounds[key] = self.rounds.get(key, 0) + 1
 
     def mean(self, key) -> float:
-        return (self.tokens.get(key, 0) + self.prior) / (self.rounds.get(key, 0) + 1)
+        """Tokens a round at ``key``: its own rounds and one round of the record's pooled mean
+        over every key (the prior alone before any round), so a key not yet seen starts from what
+        the others did rather than from the prior."""
+        pooled = (sum(self.tokens.values()) + self.prior) / (sum(self.rounds.values()) + 1)
+        return (self.tokens.get(key, 0) + pooled) / (self.rounds.get(key, 0) + 1)
 
 
 class Chooser:
@@ -112,6 +118,16 @@ class Chooser:
             return True
         self.passed_over += 1
         return False
+
+    def unchosen(self, match: int, proposal: list[int], emitted: list[int]) -> None:
+        """Record the lookup round that a self-draft round stood in for, read off the tokens that
+        round emitted (the target's own): where they part from ``proposal``, a lookup round would
+        have kept the tokens before that and emitted one more, exactly; where they never part, at
+        least one more than they agree on (a lower bound). Sampled, the agreement is distributed
+        as a lookup round's kept count, since each emitted token is drawn from the target."""
+        n = min(len(proposal), len(emitted))
+        agree = next((i for i in range(n) if proposal[i] != emitted[i]), n)
+        self.lookup.add(min(match, 4), agree + 1)
 
     def prefers_lookup(self, match: int) -> bool:
         if match == 0:
