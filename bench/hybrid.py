@@ -6,8 +6,9 @@ round), and a forced no-match control (lookup on, its proposals discarded: its o
 Sets, all held out of training: ``chat`` (ShareGPT prompts), ``copy`` (a stdlib source file to
 rewrite with type hints: the reply copies its prompt), ``free`` (ShareGPT prompts asking to write,
 compose or translate). Each prompt runs every row in turn. Per set and row: tokens/s against plain
-and against the better of lookup and the fused loop, body passes per token, and outputs equal to
-plain greedy. Prints markdown tables and writes a PNG.
+and against the better of lookup and the fused loop, body passes per token, outputs equal to plain
+greedy and, greedy, each divergence explained as ``bench/lengths.py`` explains it (a near-tie or
+not, its gap in bf16 ulps of the top logit). Prints markdown tables and writes a PNG.
 
     python bench/hybrid.py --dtype bf16
 """
@@ -66,6 +67,7 @@ class Row:
         self.name, self.run, self.loop_key = name, run, loop_key
         self.seconds, self.tokens, self.outs, self.passes, self.prev = {}, {}, {}, {}, None
         self.graphs = {}  # graphs compiled while timed
+        self.replays = {}  # a fused row's (loop, trace) per call: its divergences, replayed
 
 
 def _rows(model, n, temperature):
@@ -152,6 +154,8 @@ def main(argv=None) -> int:
                 r.tokens[s] = r.tokens.get(s, 0) + k
                 r.outs.setdefault(s, []).append(out)
                 if r.loop_key is not None:  # this row's own loop's counters, this call's share
+                    loop = model._trimpass_fused
+                    r.replays.setdefault(s, []).append((loop, loop.trace))
                     st = model._trimpass_fused.stats.as_dict()
                     d = {key: st[key] - r.prev[key] for key in ("body_steps", "batched_passes")}
                     r.passes[s] = r.passes.get(s, 0) + d["body_steps"] + d["batched_passes"]
@@ -159,11 +163,31 @@ def main(argv=None) -> int:
             done += 1
             left = (time.perf_counter() - started) / done * (total - done)
             log.info("%s prompt done (%d/%d); about %.0f s left", s, done, total, left)
-    _report(rows, a, model)
+    _report(rows, a, model, sets)
     return 0
 
 
-def _report(rows, a, model):
+def _divergences(model, rows, a, s, prompts) -> dict:
+    """Greedy: each row's outputs that differ from plain greedy, explained (``bench/lengths.py``):
+    a fused row's through its compiled body, its own call replayed; any other row's against the
+    model's eager logits. Row name -> ``divergence.Tally``."""
+    from lengths import explain_compiled
+
+    from trimpass.hf import divergence
+    plain, found = rows[0], {}
+    for r in rows[1:]:
+        if r.loop_key is not None:
+            found[r.name] = explain_compiled(model, [torch.tensor([p]) for p in prompts],
+                                             r.outs[s], plain.outs[s], a.new_tokens,
+                                             r.replays[s])
+        else:
+            found[r.name] = t = divergence.Tally()
+            for p, o, ref in zip(prompts, r.outs[s], plain.outs[s], strict=True):
+                t.add(model, len(p), ref, o)
+    return found
+
+
+def _report(rows, a, model, sets):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -176,15 +200,21 @@ def _report(rows, a, model):
         best_peer = max(tps[hf_lookup.name], tps[alone.name])
         print(f"\nset {s}: Gemma-3-270M {a.dtype}, {len(plain.outs[s])} prompts x "
               f"{a.new_tokens} tokens, {mode}, {torch.get_num_threads()} threads")
+        found = {} if a.temperature else _divergences(model, rows, a, s, sets[s])
         print("| row | tokens/s | x plain | x better of lookup and fused | body passes / token |"
-              " graphs compiled while timed | = plain greedy |")
-        print("|---|---|---|---|---|---|---|")
+              " graphs compiled while timed | = plain greedy | divergences: near-tie / not "
+              "(gap in ulps) |")
+        print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             same = sum(torch.equal(x, y) for x, y in zip(r.outs[s], plain.outs[s], strict=True))
             same = "-" if a.temperature else f"{same}/{len(plain.outs[s])}"
             passes = f"{r.passes[s] / r.tokens[s]:.2f}" if r.passes.get(s) else "-"
+            t = found.get(r.name)
+            why = "-" if t is None else (f"{len(t.ties)} / {len(t.bugs)} ("
+                                         + (", ".join(f"{d.ulps:.1f}" for _, d in t.ties + t.bugs)
+                                            or "-") + ")")
             print(f"| {r.name} | {tps[r.name]:.2f} | x{tps[r.name] / tps[plain.name]:.2f} | "
-                  f"x{tps[r.name] / best_peer:.2f} | {passes} | {r.graphs[s]} | {same} |")
+                  f"x{tps[r.name] / best_peer:.2f} | {passes} | {r.graphs[s]} | {same} | {why} |")
         ax.barh(range(len(rows)), [tps[r.name] / tps[plain.name] for r in rows],
                 color=["tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:olive",
                        "tab:purple"][:len(rows)])
