@@ -156,7 +156,7 @@ def main(argv=None) -> int:
                 if r.loop_key is not None:  # this row's own loop's counters, this call's share
                     loop = model._trimpass_fused
                     r.replays.setdefault(s, []).append((loop, loop.trace))
-                    st = model._trimpass_fused.stats.as_dict()
+                    st = loop.stats.as_dict()
                     d = {key: st[key] - r.prev[key] for key in ("body_steps", "batched_passes")}
                     r.passes[s] = r.passes.get(s, 0) + d["body_steps"] + d["batched_passes"]
                     r.prev = st
@@ -209,10 +209,7 @@ def _report(rows, a, model, sets):
             same = sum(torch.equal(x, y) for x, y in zip(r.outs[s], plain.outs[s], strict=True))
             same = "-" if a.temperature else f"{same}/{len(plain.outs[s])}"
             passes = f"{r.passes[s] / r.tokens[s]:.2f}" if r.passes.get(s) else "-"
-            t = found.get(r.name)
-            why = "-" if t is None else (f"{len(t.ties)} / {len(t.bugs)} ("
-                                         + (", ".join(f"{d.ulps:.1f}" for _, d in t.ties + t.bugs)
-                                            or "-") + ")")
+            why = found[r.name].cell() if r.name in found else "-"
             print(f"| {r.name} | {tps[r.name]:.2f} | x{tps[r.name] / tps[plain.name]:.2f} | "
                   f"x{tps[r.name] / best_peer:.2f} | {passes} | {r.graphs[s]} | {same} | {why} |")
         ax.barh(range(len(rows)), [tps[r.name] / tps[plain.name] for r in rows],

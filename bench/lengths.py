@@ -216,12 +216,11 @@ def main(argv=None) -> int:
             for p, o, ref in zip(stream, r.outs, plain.outs, strict=True):
                 if o is not p:  # a crash's output is its prompt
                     t.add(model, p.shape[1], ref, o)
-        gaps = ", ".join(f"{d.ulps:.1f}" for _, d in t.ties + t.bugs) or "-"
         print(f"| {r.name} | {r.tokens / r.seconds:.2f} | "
               f"x{(r.tokens / r.seconds) / (plain.tokens / plain.seconds):.2f} | "
               f"x{min(ratios):.2f} (median x{statistics.median(ratios):.2f}) | "
               f"{r.warm_s:.1f} ({r.warm_graphs}) | {r.late_graphs} | {r.crashes} | "
-              f"{t.same}/{len(stream)} | {len(t.ties)} / {len(t.bugs)} ({gaps}) |")
+              f"{t.same}/{len(stream)} | {t.cell()} |")
     print("\nper prompt, seconds: | tokens | " + " | ".join(r.name for r in routes) + " |")
     for k, n in enumerate(lens):
         print(f"| {n} | " + " | ".join(f"{r.per_prompt[k][1]:.1f}" for r in routes) + " |")

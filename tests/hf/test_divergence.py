@@ -1,6 +1,8 @@
 """divergence.explain: agreeing outputs have no divergence; a route's token that ties plain
 decoding's top logit is a near-tie; a token far below it is not (a bug, reported as such); the gap
 is counted in ulps of the dtype at the top logit."""
+import re
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -71,7 +73,7 @@ def test_a_tally_is_lossless_with_near_ties_and_not_with_a_far_token():
         far[0, 10] = int(model(plain[:, :10]).logits[0, -1].argmin())
     t = divergence.Tally()
     t.add(model, 9, plain, plain.clone())
-    assert (t.same, t.total, t.lossless, t.mark()) == (1, 1, True, "✓")
+    assert (t.same, t.total, t.lossless, t.mark(), t.cell()) == (1, 1, True, "✓", "0 / 0 (-)")
     a = int(plain[0, 11])
     with torch.no_grad():  # a tie at new token 2: the route may emit either token there
         model.lm_head.weight[(a + 1) % V] = model.lm_head.weight[a]
@@ -81,8 +83,10 @@ def test_a_tally_is_lossless_with_near_ties_and_not_with_a_far_token():
     route[0, 11] = (a + 1) % V
     t.add(model, 9, tied, route)
     assert t.lossless and t.mark() == "✓ (1 near-tie)" and t.ties[0][0] == 1
+    assert t.cell() == "1 / 0 (0.0)"
     t.add(model, 9, tied, far)
     assert not t.lossless and t.mark() == "✗" and t.bugs[0][0] == 2 and t.total == 3
+    assert re.fullmatch(r"1 / 1 \(0\.0, \d+\.\d\)", t.cell()), t.cell()
     assert "1 of 3 identical; near-ties 1 (prompt 2 at new token 2: gap 0.0 ulps" in str(t)
 
 

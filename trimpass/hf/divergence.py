@@ -150,6 +150,11 @@ class Tally:
             return "✗"
         return f"✓ ({len(self.ties)} near-tie{'s' * (len(self.ties) > 1)})" if self.ties else "✓"
 
+    def cell(self) -> str:
+        """A table cell: near-ties / not near-ties, and each gap in ulps ("-" where none)."""
+        gaps = ", ".join(f"{d.ulps:.1f}" for _, d in self.ties + self.bugs) or "-"
+        return f"{len(self.ties)} / {len(self.bugs)} ({gaps})"
+
     def __str__(self) -> str:
         def each(ds):
             return ", ".join(f"prompt {k + 1} at new token {d.position}: gap {d.ulps:.1f} ulps "
