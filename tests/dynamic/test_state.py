@@ -114,6 +114,20 @@ def test_learned_core_ranks_on_schedule_and_on_reset():
     assert int(st.learned[0]) == 13 and 13 in _active(st)
 
 
+def test_learned_core_keeps_learning_once_the_step_is_captured(monkeypatch):
+    import trimpass.dynamic.state as state_mod
+    st = _state(cap=16, learn=1)
+    st.upkeep()  # before any capture: a no-op, the step ranks itself
+    assert st._upkeeps == 0
+    monkeypatch.setattr(state_mod, "_capturing", lambda t: True)  # as inside a CUDA-graph capture
+    for _ in range(3 * LEARN_EVERY):
+        st.admit(torch.tensor([[42]]), None)  # the counting is recorded, the ranking is not
+    assert int(st.learned[0]) == 0 and st.captured
+    for k in range(1, LEARN_EVERY + 1):  # what a loop calls once per replayed step
+        st.upkeep()
+        assert int(st.learned[0]) == (42 if k == LEARN_EVERY else 0)
+
+
 def test_learned_core_starts_from_the_lowest_ids_outside_the_fixed_core():
     st = _state(cap=16, keep=[1], core=[0, 3], learn=4)
     assert sorted(st.learned.tolist()) == [2, 4, 5, 6]

@@ -37,13 +37,14 @@ class Proxy:
 
     def of(self, weight: torch.Tensor) -> Proxy:
         key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype)
-        if key != self.key and self.key is not None and weight.is_cuda and \
-                torch.cuda.is_current_stream_capturing():
-            # A CUDA-graph tree records a step after running it once, and may hand the recording a
-            # copy of the weight (another address); the build's eigh cannot be captured (cusolver
-            # fails), so the proxy built by that first run stands.
-            return self
         if key != self.key:
+            if self.key is not None and weight.is_cuda and torch.cuda.is_current_stream_capturing():
+                # the build's eigh cannot be captured (cusolver fails); the pass keeps weights
+                # static, so a weight that moved between warm-up and capture is a copy
+                raise RuntimeError(
+                    "escape proxy: the head weight moved while a CUDA graph was being captured, "
+                    "so the graph was given a copy of it; compile the drafter with the trimpass "
+                    "backend directly (its weights stay static inputs), or set escape=None")
             self.build(weight)
             self.key = key
         return self

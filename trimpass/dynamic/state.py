@@ -64,6 +64,7 @@ class ActiveState:
         self.calls = 0
         self.requests: dict = {}  # engine request id -> row
         self._steps = self._refreshes = 0  # host schedules: the learned core's ranking, refresh
+        self._upkeeps, self.captured = 0, False  # the ranking's schedule once a step is captured
         self._identity = True  # batch position b uses row b (until an engine binds requests)
         self.policies: list = []  # the admission policies its settings turn on (built by build)
 
@@ -179,11 +180,26 @@ class ActiveState:
 
     def learn(self, ids: torch.Tensor) -> None:
         """Count received ids; every ``LEARN_EVERY``-th call re-rank the learned core. Scheduled on
-        the host: inside a CUDA-graph capture the counting goes on, the ranking does not."""
+        the host: inside a CUDA-graph capture the counting is recorded, the ranking is left to
+        :meth:`upkeep`."""
         flat = ids.reshape(-1)
         self.freq.index_add_(0, flat, torch.ones_like(flat, dtype=self.freq.dtype))
+        if _capturing(self.freq):
+            self.captured = True
+            return
         self._steps += 1
-        if self._steps % LEARN_EVERY == 0 and not _capturing(self.freq):
+        if self._steps % LEARN_EVERY == 0:
+            self.rank()
+
+    def upkeep(self) -> None:
+        """The host's share of a step replayed from a CUDA graph, where none of the ops' Python
+        runs: once the step has been captured, every ``LEARN_EVERY``-th call re-ranks the learned
+        core. A loop or engine calls it once per drafter step; a no-op for steps that run their
+        Python (they rank themselves) and before the first call."""
+        if not self.captured:
+            return
+        self._upkeeps += 1
+        if self._upkeeps % LEARN_EVERY == 0:
             self.rank()
 
     def rank(self) -> None:

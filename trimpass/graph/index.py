@@ -16,10 +16,21 @@ import re
 
 import torch
 import torch.fx as fx
+from torch._dynamo.source import ConstantSource
 
 from trimpass.graph.match import Match, value
 
 POSITION = re.compile(r"(cache_position|position_ids|input_pos|positions?)", re.IGNORECASE)
+
+
+def register_static_buffer(gm: fx.GraphModule, name: str, tensor: torch.Tensor) -> None:
+    """Register ``tensor`` as buffer ``name`` of ``gm``; on a Dynamo graph also give it a source,
+    which AOT autograd requires of every registered buffer before it marks the graph's weights
+    static."""
+    gm.register_buffer(name, tensor)
+    sources = getattr(gm, "_param_name_to_source", None)
+    if sources is not None:
+        sources[name] = ConstantSource(source_name=f"trimpass:{name}")
 
 
 class Index:
@@ -51,8 +62,8 @@ class StaticIndex(Index):
 
     def nodes(self, gm, before, m: Match, device):
         idx, count = self.settings.index(m.vocab_size, device)
-        gm.register_buffer("_trimpass_idx", idx)
-        gm.register_buffer("_trimpass_count", count)
+        register_static_buffer(gm, "_trimpass_idx", idx)
+        register_static_buffer(gm, "_trimpass_count", count)
         self.note = f"static vocabulary: {idx.numel()} ids"
         with gm.graph.inserting_before(before):
             return gm.graph.get_attr("_trimpass_idx"), gm.graph.get_attr("_trimpass_count")
@@ -87,7 +98,7 @@ class DynamicIndex(Index):
 
     def _token(self, gm: fx.GraphModule, before: fx.Node) -> fx.Node:
         if not hasattr(gm, "_trimpass_token"):
-            gm.register_buffer("_trimpass_token", self.state.token)
+            register_static_buffer(gm, "_trimpass_token", self.state.token)
         with gm.graph.inserting_before(before):
             return gm.graph.get_attr("_trimpass_token")
 

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from trimpass import ops
+from trimpass.config import TrimpassError
 from trimpass.graph.index import Index, StaticIndex
 from trimpass.graph.match import (
     ARGMAX,
@@ -61,13 +62,36 @@ def _topk_ids(values: torch.Tensor, idx: torch.Tensor, k: int, sorted: bool = Tr
     return v, ops.map_ids(pos, idx)
 
 
+DYNAMO_ATTRS = ("_param_name_to_source", "_source_to_user_stacks")
+
+
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A new GraphModule over a copy of ``gm``'s graph (node metadata shared, ``gm`` untouched)."""
+    """A new GraphModule over a copy of ``gm``'s graph (node metadata shared, ``gm`` untouched).
+
+    A graph from Dynamo keeps what AOT autograd reads to tell it from an exported one: the
+    parameter-to-source map and each placeholder's ``_dynamo_source``. Without them AOT autograd
+    marks only registered buffers static, so CUDA-graph trees re-record or copy every weight."""
     graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
+    val_map: dict[fx.Node, fx.Node] = {}
+    out = graph.graph_copy(gm.graph, val_map)
     graph.output(out)
     new = fx.GraphModule(gm, graph)
     new.meta.update(getattr(gm, "meta", {}))
+    if "dynamo_compile_id" not in new.meta:
+        return new
+    missing = [a for a in DYNAMO_ATTRS[:1] if not hasattr(gm, a)]
+    missing += [n.name for n in gm.graph.find_nodes(op="placeholder")
+                if not hasattr(n, "_dynamo_source")]
+    if missing:
+        raise TrimpassError(
+            f"gm: a Dynamo graph without {', '.join(missing)}; trimpass needs Dynamo's metadata "
+            "to keep weights static under CUDA graphs. Pass the graph Dynamo gave the backend, "
+            "or copy these attributes onto a graph you changed before trimpass sees it")
+    for a in DYNAMO_ATTRS:
+        if hasattr(gm, a):
+            setattr(new, a, dict(getattr(gm, a)))
+    for old in gm.graph.find_nodes(op="placeholder"):
+        val_map[old]._dynamo_source = old._dynamo_source
     return new
 
 

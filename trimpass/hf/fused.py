@@ -178,7 +178,11 @@ class FusedLoop:
             torch._dynamo.maybe_mark_dynamic(ids, 1)
             torch._dynamo.maybe_mark_dynamic(positions, 1)
         row = torch.tensor([ids.shape[1] - 1], device=ids.device)
-        return self.step(ids, positions, row, self.cache)
+        out = self.step(ids, positions, row, self.cache)
+        state = self.backend.state_for(self.step) if self.speculate else None
+        if state is not None:
+            state.upkeep()  # a replayed step runs none of the state's Python
+        return out
 
     def _run(self, ids: torch.Tensor, at: int):
         return self._pass(ids, at)[1:]
