@@ -93,3 +93,28 @@ def test_a_dynamo_graph_without_its_metadata_is_refused():
     gm.meta["dynamo_compile_id"] = "0/0"  # says Dynamo made it, but carries no sources
     with pytest.raises(TrimpassError, match=r"gm: a Dynamo graph without _param_name_to_source"):
         rewrite(gm, TrimConfig(vocab=list(range(0, 257, 2))), [torch.randn(1, 3, 16)])
+
+
+class _TransposedHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 257).T)  # [V, d] with column-major strides
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.w)
+
+
+def test_a_non_contiguous_head_weight_is_refused_at_build_time():
+    torch._dynamo.reset()
+    be = trimpass.backend(vocab=list(range(0, 257, 2)), inner="aot_eager")
+    compiled = torch.compile(_TransposedHead(), backend=be)
+    with torch.no_grad(), pytest.raises(TrimpassError, match=r"weight: .* is not contiguous"):
+        compiled(torch.randn(1, 3, 16))
+
+
+def test_a_head_weight_of_another_dtype_than_its_input_is_refused():
+    gm = fx.symbolic_trace(_Head())
+    x = torch.randn(1, 3, 16, dtype=torch.bfloat16)
+    with torch.no_grad(), pytest.raises(TrimpassError, match=r"weight: .* is torch.float32 on cpu "
+                                                             r"but its input is torch.bfloat16"):
+        rewrite(gm, TrimConfig(vocab=list(range(0, 257, 2))), [x])

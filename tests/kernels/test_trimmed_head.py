@@ -167,3 +167,34 @@ def test_every_config_can_be_picked():
     """No dead entry in CONFIGS: each is kept for some row count and dtype."""
     kept = {str(c) for M in (1, 2, 16, 32, 64, 128) for dt in DTYPES for c in _kept(M, dt)}
     assert [str(c) for c in CONFIGS if str(c) not in kept] == []
+
+
+def test_a_hot_launch_skips_checks_and_tuner_and_matches_reference(monkeypatch):
+    """The second launch of one signature goes straight to the config the tuner picked; a launch
+    of another signature (here more rows) is checked and tuned again."""
+    from trimpass.kernels import trimmed_head as th
+    gen = torch.Generator().manual_seed(11)
+    x, w, idx = _inputs(1, 3, 37, 45, torch.float32, gen=gen)
+    count = _t([29], torch.int32)
+    th.trimmed_head(x, w, idx, count, out=_nan((1, 3, 37), torch.float32))  # checked, tuned
+    tuned, checks = [], []
+    tuner, check = th._tuned_kernel, th.check_launch
+
+    class Spy:
+        best_config = property(lambda self: tuner.best_config)
+
+        def __getitem__(self, grid):
+            tuned.append(grid)
+            return tuner[grid]
+
+    monkeypatch.setattr(th, "_tuned_kernel", Spy())
+    monkeypatch.setattr(th, "check_launch", lambda *a: checks.append(a) or check(*a))
+    for _ in range(2):
+        out = _nan((1, 3, 37), torch.float32)
+        th.trimmed_head(x, w, idx, count, out=out)
+        _assert_matches(out, trimmed_head_reference(x, w, idx, count), torch.float32)
+    assert tuned == [] and checks == []
+    x5 = torch.randn(1, 5, 45, generator=gen).to(DEVICE)
+    _assert_matches(th.trimmed_head(x5, w, idx, count),
+                    trimmed_head_reference(x5, w, idx, count), torch.float32)
+    assert len(tuned) == 1 and len(checks) == 1

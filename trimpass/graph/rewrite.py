@@ -192,12 +192,44 @@ def _rewrite_exits(graph: fx.Graph, V: int, idx, count, output: str, kinds: dict
     out_node.args = fx.node.map_aggregate(out_node.args, exit_value)
 
 
+def check_heads(gm: fx.GraphModule, m: Match, example_inputs=None) -> torch.Tensor:
+    """Refuse, before anything is rewritten, a head the op could only serve by copying its weight
+    on every call; return the first head's weight (as the op receives it, ``[V, d]``)."""
+    first = None
+    for h in m.heads:
+        w = tensor_of(h.weight, gm, example_inputs)
+        w = w.T if h.stored_t else w
+        x = tensor_of(h.x, gm, example_inputs)
+        first = w if first is None else first
+        if not w.is_contiguous():
+            raise TrimpassError(
+                f"weight: head {h.name}'s weight [V, d] = {tuple(w.shape)} is not contiguous "
+                f"(strides {w.stride()}), so the trimmed op would copy it on every call; make it "
+                "contiguous once at setup, e.g. head.weight.data = head.weight.data.contiguous()")
+        if isinstance(x, torch.Tensor) and (x.device != w.device or x.dtype != w.dtype):
+            raise TrimpassError(
+                f"weight: head {h.name}'s weight is {w.dtype} on {w.device} but its input is "
+                f"{x.dtype} on {x.device}; move or cast the weight once at setup "
+                "(model.to(device, dtype)) rather than in the step")
+    return first
+
+
+def check_ids(gm: fx.GraphModule, idx: fx.Node, count: fx.Node) -> None:
+    """Refuse an id provider whose buffers the op cannot read as they are."""
+    for name, node in (("idx", idx), ("count", count)):
+        t = tensor_of(node, gm) if node.op == "get_attr" else None
+        if isinstance(t, torch.Tensor) and t.dtype not in (torch.int32, torch.int64):
+            raise TrimpassError(f"{name}: the active-id buffer {node.target} is {t.dtype}; "
+                                "token ids and counts must be int32 or int64")
+
+
 def apply(gm: fx.GraphModule, m: Match, index: Index, output: str = "full",
           example_inputs=None) -> None:
     """Rewrite ``gm`` in place along match ``m``, step by step."""
     first = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    w = tensor_of(m.heads[0].weight, gm, example_inputs)
+    w = check_heads(gm, m, example_inputs)
     idx, count = index.nodes(gm, first, m, w.device)
+    check_ids(gm, idx, count)
     kinds = dict(m.kinds)
     clean = _replace_heads(gm, m, index, idx, count, output, kinds)
     _mask_before_softmax(gm.graph, m, idx, count, kinds, clean)
