@@ -62,7 +62,8 @@ def _topk_ids(values: torch.Tensor, idx: torch.Tensor, k: int, sorted: bool = Tr
     return v, ops.map_ids(pos, idx)
 
 
-DYNAMO_ATTRS = ("_param_name_to_source", "_source_to_user_stacks")
+SOURCES = "_param_name_to_source"  # what AOT autograd requires of a graph it treats as Dynamo's
+DYNAMO_ATTRS = (SOURCES, "_source_to_user_stacks")
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -79,7 +80,7 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     new.meta.update(getattr(gm, "meta", {}))
     if "dynamo_compile_id" not in new.meta:
         return new
-    missing = [a for a in DYNAMO_ATTRS[:1] if not hasattr(gm, a)]
+    missing = [] if hasattr(gm, SOURCES) else [SOURCES]
     missing += [n.name for n in gm.graph.find_nodes(op="placeholder")
                 if not hasattr(n, "_dynamo_source")]
     if missing:
@@ -198,6 +199,8 @@ def check_heads(gm: fx.GraphModule, m: Match, example_inputs=None) -> torch.Tens
     first = None
     for h in m.heads:
         w = tensor_of(h.weight, gm, example_inputs)
+        if not isinstance(w, torch.Tensor):
+            continue
         w = w.T if h.stored_t else w
         x = tensor_of(h.x, gm, example_inputs)
         first = w if first is None else first

@@ -21,8 +21,9 @@ MIN_CAPACITY = GRANULE
 
 class BucketLayer(StaticLayer):
     """A full-length static layer whose length dimension stays symbolic in a compiled graph: its
-    buffers are not marked static (that would specialize their shape) and its mask sizes are read
-    from the buffer, not from a Python int Dynamo would guard on."""
+    buffers have static addresses without a guard on them (a guarded one would specialize their
+    shape) and its mask sizes are read from the buffer, not from a Python int Dynamo would guard
+    on."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -34,6 +35,10 @@ class BucketLayer(StaticLayer):
         torch._dynamo.maybe_mark_dynamic(self.keys, 2)
         torch._dynamo.maybe_mark_dynamic(self.values, 2)
         self.cumulative_length = self.cumulative_length.to(self.device)
+        for t in (self.keys, self.values, self.cumulative_length):
+            # static addresses, so a CUDA-graph tree neither copies nor refuses these mutated
+            # buffers; guard=False keeps the length dimension symbolic (no shape specialization)
+            torch._dynamo.mark_static_address(t, guard=False)
         self.is_initialized = True
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
