@@ -33,3 +33,10 @@ def test_ci_runs_the_readmes_test_command():
                                                                                      "cd "))]
     assert len(readme) == 2, f"the README's first bash block has {len(readme)} commands, not 2"
     assert ci == readme[1:], f".ci/run runs {ci}, the README's test command is {readme[1]!r}"
+
+
+def test_the_readme_is_a_users_document_of_at_most_200_lines():
+    with open(README) as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail to docs/ or " \
+        "bench/results/"
