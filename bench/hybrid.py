@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     import transformers
 
     from trimpass.hf import gemma as G
-    from trimpass.hf.assisted import compiled_graphs
+    from trimpass.measure import compiled_graphs
     transformers.logging.set_verbosity_error()
     if a.threads:
         torch.set_num_threads(a.threads)

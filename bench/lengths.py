@@ -155,7 +155,7 @@ def main(argv=None) -> int:
 
     from trimpass.hf import divergence
     from trimpass.hf import gemma as G
-    from trimpass.hf.assisted import compiled_graphs
+    from trimpass.measure import compiled_graphs
     transformers.logging.set_verbosity_error()
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -25,8 +25,9 @@ FLOORS = {
     "serving": 7, "headbench": 7,
     "select": 8, "testing": 8,
     "train": 9,
-    "trimpass": 10, "demo": 10,
-    "__main__": 11,
+    "trimpass": 10,
+    "demo": 11,
+    "__main__": 12,
 }
 
 
@@ -73,7 +74,7 @@ def imports(name: str, path: str, known: set[str]) -> set[str]:
         for t in targets:
             while t and t not in known:
                 t = t.rpartition(".")[0]
-            if t and t != name and t != "trimpass":
+            if t and t != name:
                 out.add(t)
     return out
 

@@ -305,3 +305,8 @@ def cached(model_key: str, compute: Callable[[], dict], device: torch.device | s
         json.dump({"key": key, "value": value}, f)
     os.replace(tmp, path)  # concurrent writers: last one wins, never a torn file
     return value
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -13,7 +13,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 import trimpass
 from tests.graph.test_hf import SMALL, V
 from trimpass.hf import buckets, divergence, selfdraft
-from trimpass.hf.assisted import compiled_graphs
+from trimpass.measure import compiled_graphs
 from trimpass.testing.checks import head_runs
 
 FAST = dict(inner="aot_eager")

@@ -126,3 +126,18 @@ def test_the_drafter_keeps_its_cache_across_rounds():
     assert max(seen[1:]) <= 4 + 1, seen  # gamma drafts + the target's token
     assert torch.equal(out, model.generate(ids, do_sample=False, max_new_tokens=30,
                                            pad_token_id=0))
+
+
+def test_reset_rows_starts_every_row_of_the_self_drafter_afresh():
+    from trimpass.hf.selfdraft import reset_rows
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    draft = trimpass.self_drafter(model, gamma=4, inner="aot_eager", learn_core=8)
+    with torch.no_grad():
+        model.generate(torch.randint(0, V, (1, 9)), assistant_model=draft, do_sample=False,
+                       max_new_tokens=6)
+    st = trimpass.active_state(draft)
+    assert int(st.count[0]) > st.n_core  # the request's ids joined its row
+    reset_rows(draft)
+    assert (st.count == st.n_core).all()

@@ -15,7 +15,7 @@ import time
 import torch
 
 from trimpass.loops.stats import LoopStats
-from trimpass.measure import Stopwatch, time_calls
+from trimpass.measure import Stopwatch, compiled_graphs, time_calls
 from trimpass.progress import progress
 
 
@@ -80,6 +80,3 @@ def warm_up(model, draft, prompts, tries: int = 4) -> None:
             return
 
 
-def compiled_graphs() -> int:
-    """Graphs Dynamo has compiled in this process so far."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]

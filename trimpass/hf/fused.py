@@ -28,8 +28,8 @@ from transformers.cache_utils import Cache
 from trimpass import measure
 from trimpass.config import disabled
 from trimpass.hf import accept, buckets, decode_attention, lookup, upcast
-from trimpass.hf.assisted import compiled_graphs
 from trimpass.loops.stats import LoopStats
+from trimpass.measure import compiled_graphs
 
 log = logging.getLogger("trimpass")
 

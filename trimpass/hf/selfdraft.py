@@ -124,8 +124,7 @@ def warm_up(model, draft) -> float:
     The drafter's rows are reset after, so no scratch id stays in its active set."""
     import time
 
-    from trimpass import reset
-    from trimpass.hf.assisted import compiled_graphs
+    from trimpass.measure import compiled_graphs
     if getattr(draft, "_trimpass_warm", None) is not None:
         return 0.0
     t0, graphs = time.perf_counter(), compiled_graphs()
@@ -137,6 +136,16 @@ def warm_up(model, draft) -> float:
             ids = torch.randint(V // 4, V // 2, (1, length), generator=scratch).to(device)
             model.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=24,
                            pad_token_id=0)
-    reset(draft)
+    reset_rows(draft)
     draft._trimpass_warm = (time.perf_counter() - t0, compiled_graphs() - graphs)
     return draft._trimpass_warm[0]
+
+
+def reset_rows(draft) -> None:
+    """Start a new request in every row of a self-drafter's dynamic vocabulary (a no-op in the
+    static mode and before its first call): what ``trimpass.reset`` does, read through the backend
+    :func:`trimpass.self_drafter` left on it."""
+    be = getattr(draft, "_trimpass_backend", None)
+    st = be.state_for(draft) if be is not None else None
+    if st is not None and st.V is not None:
+        st.reset()
