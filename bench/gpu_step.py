@@ -20,6 +20,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from trimpass.measure import compiled_graphs
+
 WEIGHT_BYTES = 1 << 20  # a copy at least this large per replay is counted as weight-sized
 
 
@@ -83,25 +85,26 @@ def _compare(c, name, spec, device, dtype, tol, bench_ms, rel_err) -> dict:
     mode = "reduce-overhead" if gpu else None
     model, step, context = _model(name, V, d, heads, ffn, layers, device, dtype)
     cap = 4096 if gpu else 64
-    out, logits, copies = {}, {}, {}
+    inner = "inductor" if gpu else "aot_eager"
+    settings = dict(capacity=cap, learn_core=1024 if gpu else 16, mode=mode)
+    out, logits, copies, timed_graphs = {}, {}, {}, {}
     with torch.no_grad():
-        for label in ("untrimmed", "trimmed", "capture check"):
+        for label in ("untrimmed", "trimmed"):
             torch._dynamo.reset()
-            cc = CaptureCheck()
-            if label == "untrimmed":
-                fn = torch.compile(model, backend="inductor" if gpu else "aot_eager", mode=mode)
-            else:
-                be = trimpass.backend(capacity=cap, learn_core=1024 if gpu else 16, mode=mode,
-                                      inner=cc if label == "capture check" else
-                                      ("inductor" if gpu else "aot_eager"))
-                fn = torch.compile(model, backend=be)
+            fn = torch.compile(model, backend=inner, mode=mode) if label == "untrimmed" else \
+                torch.compile(model, backend=trimpass.backend(inner=inner, **settings))
             fn(*context)  # the request's context: the ids seen, the KV cache's first positions
-            if label == "capture check":
-                fn(*step)
-                break
+            fn(*step)  # compiled (and captured) before the timing
+            graphs = compiled_graphs()
             out[label] = bench_ms(lambda fn=fn: fn(*step))
             copies[label] = copies_per_call(lambda fn=fn: fn(*step))
+            timed_graphs[label] = compiled_graphs() - graphs
             logits[label] = fn(*step)[0].float().clone()  # CUDA-graph outputs are reused
+        torch._dynamo.reset()
+        cc = CaptureCheck()  # the same trimmed step, read as CUDA-graph trees would see it
+        fn = torch.compile(model, backend=trimpass.backend(inner=cc, **settings))
+        fn(*context)
+        fn(*step)
     full, trim = logits["untrimmed"], logits["trimmed"]
     live = torch.isfinite(trim)
     n_live = int(live.sum())
@@ -125,7 +128,7 @@ def _compare(c, name, spec, device, dtype, tol, bench_ms, rel_err) -> dict:
     return dict(section="step", shape=name, V=V, d=d, layers=layers, mode=str(mode),
                 untrimmed_ms=out["untrimmed"], trimmed_ms=out["trimmed"], ratio=ratio,
                 copies_trimmed=copies["trimmed"], copies_untrimmed=copies["untrimmed"],
-                rel_err=err, active=n_live)
+                rel_err=err, active=n_live, graphs_while_timed=timed_graphs)
 
 
 def step_section(c, device, dtype, tol, bench_ms, rel_err) -> list[dict]:
@@ -134,13 +137,14 @@ def step_section(c, device, dtype, tol, bench_ms, rel_err) -> list[dict]:
     print(f"\n## drafter step, trimmed (dynamic mode) vs untrimmed ({dtype}, "
           f"mode={rows[0]['mode']})")
     print("| shape | untrimmed ms | trimmed ms | trimmed / untrimmed | copies per call, trimmed "
-          "(weight-sized) | untrimmed |")
-    print("|---|---|---|---|---|---|")
+          "(weight-sized) | untrimmed | graphs compiled while timed |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         (n, b), (n0, b0) = r["copies_trimmed"], r["copies_untrimmed"]
         print(f"| {r['shape']} (V={r['V']:,}, d={r['d']:,}, {r['layers']} layers) | "
               f"{r['untrimmed_ms']:.4f} | {r['trimmed_ms']:.4f} | x{r['ratio']:.2f} | "
-              f"{n:.0f} ({b:.0f}) | {n0:.0f} ({b0:.0f}) |")
+              f"{n:.0f} ({b:.0f}) | {n0:.0f} ({b0:.0f}) | "
+              f"{sum(r['graphs_while_timed'].values())} |")
     print("random weights: times only; acceptance comes from CPU runs of the real Gemma\n")
     return rows
 
@@ -170,7 +174,7 @@ def host_section(c, device, dtype) -> list[dict]:
     op = ops.head_compact.default
 
     def cold():
-        th._LAUNCHES.clear()
+        th.clear_launch_cache()
         op(x, w, None, idx, count)
 
     with ops.use_kernel("triton"):

@@ -57,7 +57,7 @@ def variants(V=32_000, d=512, K=4096):
     op = ops.head_compact.default
 
     def cold():
-        th._LAUNCHES.clear()
+        th.clear_launch_cache()
         op(x, w, None, idx, count)
 
     return {

@@ -163,8 +163,9 @@ def trimmed_head(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count
     mode writes active columns of a caller-provided ``out[G, R, V]`` and leaves the rest untouched.
     ``config`` (one of :data:`CONFIGS`) pins the launch to that config instead of the autotuner's.
     """
-    sig = launch_signature(x, weight, idx, count, bias, out, scatter, fill_tail, softcap)
-    hot = None if config is not None else _LAUNCHES.get(sig)
+    sig = None if config is not None else \
+        launch_signature(x, weight, idx, count, bias, out, scatter, fill_tail, softcap)
+    hot = None if sig is None else _LAUNCHES.get(sig)
     if hot is None:
         check_launch(x, weight, idx, count, bias, out, scatter)
     G, R, D = x.shape
@@ -182,7 +183,7 @@ def trimmed_head(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count
         (_trimmed_head_kernel, config.all_kwargs())
     grid = lambda m: (triton.cdiv(CAP, m["BLOCK_K"]), triton.cdiv(R, m["BLOCK_M"]), G)  # noqa: E731
     kernel[grid](*args, **flags, **meta)
-    if config is None and best_config() is not None:
+    if sig is not None and best_config() is not None:
         picked = best_config()
         _LAUNCHES[sig] = (picked.all_kwargs(), grid(picked.kwargs))
     return out
@@ -191,6 +192,11 @@ def trimmed_head(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count
 # What the launcher checked and the autotuner picked, per launch signature (every shape, stride,
 # dtype and device the checks and the tuning key read): a hot call skips both (~16 us of Python).
 _LAUNCHES: dict = {}
+
+
+def clear_launch_cache() -> None:
+    """Forget every checked launch: the next call of each signature is checked and tuned again."""
+    _LAUNCHES.clear()
 
 
 def launch_signature(x, weight, idx, count, bias, out, scatter, fill_tail, softcap) -> tuple:

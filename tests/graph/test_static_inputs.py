@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import is_fake
 import trimpass
 from trimpass import ops
 from trimpass.config import TrimConfig, TrimpassError
+from trimpass.graph.index import StaticIndex
 from trimpass.graph.rewrite import rewrite
 from trimpass.testing.capture import CaptureCheck
 from trimpass.testing.models import EagleDrafter, Transformer
@@ -118,3 +119,28 @@ def test_a_head_weight_of_another_dtype_than_its_input_is_refused():
     with torch.no_grad(), pytest.raises(TrimpassError, match=r"weight: .* is torch.float32 on cpu "
                                                              r"but its input is torch.bfloat16"):
         rewrite(gm, TrimConfig(vocab=list(range(0, 257, 2))), [x])
+
+
+def test_a_head_weight_on_another_device_than_its_input_is_refused():
+    gm = fx.symbolic_trace(_Head())
+    x = torch.empty(1, 3, 16, device="meta")  # any other device than the weight's (cpu)
+    with torch.no_grad(), pytest.raises(TrimpassError, match=r"weight: .* on cpu but its input "
+                                                             r"is torch.float32 on meta"):
+        rewrite(gm, TrimConfig(vocab=list(range(0, 257, 2))), [x])
+
+
+class _FloatIds(StaticIndex):
+    """An id provider whose buffer holds floats: what a custom provider could get wrong."""
+
+    def nodes(self, gm, before, m, device):
+        idx, count = super().nodes(gm, before, m, device)
+        gm._trimpass_idx = gm._trimpass_idx.float()
+        return idx, count
+
+
+def test_an_id_buffer_of_the_wrong_dtype_is_refused_at_build_time():
+    gm = fx.symbolic_trace(_Head())
+    config = TrimConfig(vocab=list(range(0, 257, 2)))
+    with torch.no_grad(), pytest.raises(TrimpassError, match=r"idx: the active-id buffer "
+                                                             r"_trimpass_idx is torch.float32"):
+        rewrite(gm, config, [torch.randn(1, 3, 16)], index=_FloatIds(config.settings))

@@ -78,5 +78,3 @@ def warm_up(model, draft, prompts, tries: int = 4) -> None:
         run(model, draft, prompts, 8, "warm-up")
         if compiled_graphs() == before:
             return
-
-
