@@ -1,6 +1,7 @@
 """vLLM in steady state, Gemma-3-270M drafting for itself: tokens/s against concurrency for no
 speculation, the target drafting for itself (untrimmed: vLLM's own route; trimmed; trimmed with
-D-Cut) and vLLM's ``ngram``, in one invocation, per dtype; a markdown table, its rows as JSON and
+D-Cut; trimpass's hybrid, D-Cut pricing each request's lookup draft beside its self-draft) and
+vLLM's ``ngram``, in one invocation, per dtype; a markdown table, its rows as JSON and
 a PNG (drawn with ``--plot OUT`` from the main venv where vLLM's has no matplotlib).
 
     .venv/bin/python bench/vllm_tokens.py --prepare --prompts 72            # checkpoints, prompts
@@ -26,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = {"none": "no speculation", "self-untrimmed": "self-drafting, untrimmed (vLLM's route)",
          "self": "self-drafting, trimmed", "self-dcut": "self-drafting, trimmed, D-Cut",
-         "ngram": "vLLM ngram"}
+         "ngram": "vLLM ngram", "hybrid": "trimpass hybrid (lookup + self-drafts, D-Cut)"}
 
 
 def log(a, msg: str) -> None:
@@ -62,8 +63,8 @@ def table(rows: list[dict], dtype: str) -> list[str]:
            "| configuration | run | tokens/s at " + " / ".join(
                str(c) for c in sorted({r["concurrency"] for r in rows})) +
            " | vs no speculation | draft ms | MAT | skipped | probes | plain probes "
-           "| plain steps |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| plain steps | lookup rows | budget's share |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in dict.fromkeys(r["config"] for r in rows):
         for run in sorted({r["run"] for r in rows if r["config"] == config}):
             got = sorted((r for r in rows if r["config"] == config and r["run"] == run),
@@ -75,10 +76,11 @@ def table(rows: list[dict], dtype: str) -> list[str]:
             mats = [r["mat"] for r in got if r["mat"] is not None]
             mat = f"{min(mats):.2f}-{max(mats):.2f}" if mats else "-"
             col = {k: " / ".join(str(r.get(k, 0)) for r in got)
-                   for k in ("skipped", "probes", "plain_probes", "plain_steps")}
+                   for k in ("skipped", "probes", "plain_probes", "plain_steps", "lookup_rows")}
+            share = " / ".join(f"{100 * r.get('budget_share', 0):.1f}%" for r in got)
             out.append(f"| {NAMES.get(config, config)} | {run} | {tps} | {vs} | {ms} | {mat} | "
                        f"{col['skipped']} | {col['probes']} | {col['plain_probes']} | "
-                       f"{col['plain_steps']} |")
+                       f"{col['plain_steps']} | {col['lookup_rows']} | {share} |")
     for r in rows:
         if "budget_ms" in r:
             out += ["", f"{NAMES.get(r['config'], r['config'])}: the budget's own timings after "
@@ -115,7 +117,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dir", default="out/vllm_bench", help="bench/vllm_tokens.py --prepare's")
-    p.add_argument("--configs", default="none,self-untrimmed,self,self-dcut,ngram",
+    p.add_argument("--configs", default="none,self-untrimmed,self,self-dcut,hybrid,ngram",
                    help=f"of {', '.join(NAMES)}")
     p.add_argument("--bf16-only", default="self-untrimmed",
                    help="configurations run in bfloat16 only (its target is set in bf16)")
@@ -177,7 +179,10 @@ def main() -> None:
              f"{a.repeat} times in a row after a warm-up on 8 other prompts. Draft ms: one whole "
              "proposal; MAT: tokens per target step; skipped, probes, plain probes, plain steps: "
              "D-Cut's proposals skipped, probes drafted, proposals skipped to time a plain step "
-             "(counted in skipped too), and engine steps sampled as plain decoding.", ""]
+             "(counted in skipped too), and engine steps sampled as plain decoding; lookup "
+             "rows: requests' proposals that sent their lookup draft; budget's share: the "
+             "budget's own host seconds (decisions, cuts, lookup indexes) over the run's wall "
+             "time.", ""]
     for dtype, rows in results.items():
         lines += table(rows, dtype) + [""]
     print("\n".join(lines))

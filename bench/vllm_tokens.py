@@ -31,12 +31,13 @@ import time
 # eagle*: an EAGLE checkpoint (--eagle, e.g. bench/eagle_drafter.py's) on vLLM's eagle route
 # self: the target drafting for itself, trimmed (on the target's KV cache: its first forward over
 # each request's next token alone); self-dcut: the same with D-Cut's budget (a step where no draft
-# can pay runs no drafter forward); self-untrimmed: vLLM's own draft-model route, the target as
-# its drafter
+# can pay runs no drafter forward), lookup drafts off; hybrid: D-Cut's default, each request's
+# lookup draft priced beside its self-draft; self-untrimmed: vLLM's own draft-model route, the
+# target as its drafter
 # ngram: vLLM's prompt-lookup drafter (no model), the peer with no drafter to train
 WARM_PROMPTS = 8  # prompts after the timed ones that warm each engine up
 CONFIGS = ("none", "untrimmed", "trimmed", "eagle-untrimmed", "eagle", "self", "self-dcut",
-           "self-untrimmed", "ngram")
+           "hybrid", "self-untrimmed", "ngram")
 
 
 def prepare(a) -> None:
@@ -67,6 +68,9 @@ def serve(a) -> None:
     elif a.config == "self-untrimmed":
         args = tv.engine_args(target, None, a.k, trim=False)
     elif a.config == "self-dcut":
+        args = tv.engine_args(target, None, a.k, budget={"policy": "dcut", "measure_s": 10,
+                                                         "lookup": False})
+    elif a.config == "hybrid":
         args = tv.engine_args(target, None, a.k, budget={"policy": "dcut", "measure_s": 10})
     elif a.config == "ngram":
         args = {"model": target, "disable_hybrid_kv_cache_manager": True, "speculative_config": {
@@ -106,7 +110,8 @@ def serve(a) -> None:
                      "mean_active": after.get("mean_active"),
                      "skipped": d.get("skipped", 0), "probes": d.get("probes", 0),
                      "plain_probes": d.get("plain_probes", 0),
-                     "plain_steps": d.get("plain_steps", 0)})
+                     "plain_steps": d.get("plain_steps", 0),
+                     "budget_share": d["budget_s"] / dt, "lookup_rows": d["lookup_rows"]})
     print("RESULT " + json.dumps(rows), flush=True)
     b = tv.stats(llm).get("budget")
     if b:  # the budget's own timings, per batch bucket, in ms
@@ -132,7 +137,8 @@ def _counters(llm) -> dict:
             "plain_steps": s.get("plain_steps", 0),
             "accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),
             "drafts": m.get("vllm:spec_decode_num_drafts", 0), "proposals": s["proposals"],
-            "propose_s": s["propose_s"], "mean_active": s["mean_active"]}
+            "propose_s": s["propose_s"], "mean_active": s["mean_active"],
+            "budget_s": s.get("budget_s", 0.0), "lookup_rows": b.get("lookup_rows", 0)}
 
 
 def main() -> None:
@@ -184,7 +190,7 @@ def main() -> None:
             mat = "-" if row["mat"] is None else f"{row['mat']:.2f}"
             ms = "-" if c == "none" else f"{row['draft_ms']:.1f}"
             act = f"{row['mean_active']:.0f}" if c in ("trimmed", "eagle", "self",
-                                                       "self-dcut") else "-"
+                                                       "self-dcut", "hybrid") else "-"
             run = f" (run {row['run']})" if a.repeat > 1 else ""
             print(f"| {c}{run} | {row['concurrency']} | {row['tokens_s']:.2f} | {ms} | {mat} | "
                   f"{act} | {row.get('skipped', 0)} |", flush=True)

@@ -140,12 +140,13 @@ def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkey
     monkeypatch.delenv(tv.ENV, raising=False)
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
     e1 = _extra(tv.engine_args(t, d, 8, budget="dcut", learn_core=8))
-    assert tv.resolve_budget(d, e1) == {"policy": "dcut", "measure_s": 10.0, "probe": 1 / 16}
+    assert tv.resolve_budget(d, e1) == {"policy": "dcut", "measure_s": 10.0, "probe": 1 / 16,
+                                        "lookup": {"ngram": 4, "tokens": 8}}  # lookup: on
     assert tv.resolve(d, e1) == {"learn_core": 8}  # the budget is not a trim setting
     e2 = _extra(tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3}))
     assert tv.resolve(d, e2) is None
     assert tv.resolve_budget(d, e2) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0,
-                                        "probe": 1 / 16}
+                                        "probe": 1 / 16, "lookup": None}
     assert tv.resolve_budget(d, _extra(tv.engine_args(t, d, 8))) is None
     e4 = _extra(tv.engine_args(t, d, 8, budget="dcut"))
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")
@@ -167,6 +168,9 @@ def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkey
     (4, {"policy": "dcut", "table": {"batches": [1], "drafts": [0, 4], "seconds": [[0.01]]}},
      r"budget table: .*expected 1 rows of 2 entries"),
     (4, {"policy": "dcut", "speed": 1}, r"budget: unknown setting 'speed'"),
+    (4, {"policy": "dcut", "lookup": {"ngram": 0}}, r"budget lookup ngram: .*positive integer"),
+    (4, {"policy": "dcut", "lookup": {"tokens": 5}}, r"budget lookup tokens: .*1..4 "
+                                                     r"\(num_speculative_tokens\), got 5"),
     (4, 3, r"budget: expected a policy name"),
 ])
 def test_bad_budget_settings_fail_before_serving(tmp_path, any_vllm, gamma, budget, match):

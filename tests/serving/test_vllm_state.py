@@ -108,7 +108,7 @@ def test_a_proposal_skipped_whole_runs_nothing_and_the_rows_catch_up_at_the_next
     assert _row(st, "a") == set(KEEP) | set(toks["a"])  # every token of the skipped steps
     assert _row(st, "b") == set(KEEP) | set(toks["b"])  # and no other request's
     assert "c" not in st.trimmer.state.requests
-    assert st.begin_drafting(2, 3, 2) == 3 and decided == [(2, 3, 2)]  # taken once, above
+    assert st.begin_drafting(2, 3, 2) == 3 and decided == [(2, 3, 2, None)]  # taken once, above
     st.end_proposal()
     assert st.begin_drafting(2, 3, 2) == 3 and len(decided) == 2  # no proposal under way: asks
     assert st.skipped_whole == 5

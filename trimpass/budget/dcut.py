@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["dcut", "draft_more", "drafting_pays", "next_step_pays", "scores"]
+__all__ = ["best_rate", "dcut", "draft_more", "drafting_pays", "next_step_pays", "scores"]
 
 Cost = Callable[..., object]
 
@@ -154,6 +154,17 @@ def _best(sorted_s: torch.Tensor, cost: Cost, B: int, dt: float, buckets=None):
     rate = (B + gain[ks.to(sorted_s.device)]) / (dt + seconds)
     i = torch.argmax(rate)  # first maximum: the smallest K among equal rates
     return ks.to(sorted_s.device)[i], float(rate[i])
+
+
+def best_rate(confidences, cost: Cost, draft_time: float = 0.0) -> float:
+    """The best expected emitted tokens per second :func:`dcut` can reach over ``confidences``
+    [B, gamma] after ``draft_time`` seconds of drafting: what one source's draft (or a mix of
+    sources' drafts, a row each) is worth, priced by the same cost model."""
+    c = _check_confidences(confidences, min_gamma=1)
+    dt = _check_time(draft_time, "draft_time")
+    if c.shape[0] == 0:
+        return 0.0
+    return _best(_rank(torch.cumprod(c, dim=1).cpu())[1], cost, c.shape[0], dt)[1]
 
 
 def next_step_pays(confidences, cost: Cost, draft_time: float, step_time: float) -> bool:

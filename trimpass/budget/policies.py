@@ -18,7 +18,8 @@ from trimpass.budget.costmodel import CostTable
 from trimpass.budget.dcut import dcut, draft_more, drafting_pays, next_step_pays
 from trimpass.budget.probes import Probes
 
-SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table", "probe")
+SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table", "probe", "lookup")
+LOOKUP = {"ngram": 4, "tokens": None}  # lookup drafts' defaults (tokens None: the draft length)
 PROBE = 1 / 16  # the probe setting's default: the share of skipped seconds probes may spend
 
 
@@ -149,8 +150,45 @@ def check_settings(settings: dict, gamma_max: int) -> dict:
             raise ValueError("budget buckets: only the dcut policy takes buckets")
         dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=buckets)  # dcut's own checks
     Probes(s.setdefault("probe", PROBE))  # its own check
+    s["lookup"] = check_lookup(s.get("lookup", POLICIES[policy].reads_confidence), policy,
+                               gamma_max)
     m = s.setdefault("measure_s", 10.0)
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 30:
         raise ValueError(f"budget measure_s: the start-up measurement's seconds, in (0, 30], got "
                          f"{m!r}")
     return s
+
+
+def _positive_int(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= 1
+
+
+def check_lookup(lookup, policy: str, gamma_max: int) -> dict | None:
+    """The lookup drafts' settings (None: off): ``True`` or a dict of ``ngram`` (the longest
+    suffix of a request's text matched, default 4) and ``tokens`` (a request's longest lookup
+    draft, at most ``gamma_max``, default ``gamma_max``). On by default where the policy prices
+    drafts by confidence (``dcut``, ``all-or-nothing``), which is what prices a lookup draft."""
+    if lookup is None or lookup is False:
+        return None
+    if lookup is True:
+        lookup = {}
+    if not isinstance(lookup, dict):
+        raise ValueError(f"budget lookup: true, false or a dict of {', '.join(LOOKUP)}, got "
+                         f"{type(lookup).__name__}")
+    unknown = sorted(set(lookup) - set(LOOKUP))
+    if unknown:
+        raise ValueError(f"budget lookup: unknown setting {unknown[0]!r}; use "
+                         f"{', '.join(LOOKUP)}")
+    if not POLICIES[policy].reads_confidence:
+        raise ValueError(f"budget lookup: the {policy!r} policy does not price drafts; lookup "
+                         "drafts need dcut or all-or-nothing (or set lookup to false)")
+    out = {**LOOKUP, **lookup}
+    if out["tokens"] is None:
+        out["tokens"] = gamma_max
+    if not _positive_int(out["ngram"]):
+        raise ValueError(f"budget lookup ngram: the longest suffix a lookup matches, a positive "
+                         f"integer, got {out['ngram']!r}")
+    if not _positive_int(out["tokens"]) or out["tokens"] > gamma_max:
+        raise ValueError(f"budget lookup tokens: a request's longest lookup draft, an integer "
+                         f"1..{gamma_max} (num_speculative_tokens), got {out['tokens']!r}")
+    return out

@@ -1,9 +1,8 @@
 """Free drafts from the text repeating itself, and the choice between them and the trimmed head.
 
-:class:`Lookup` keeps an index of a request's own tokens (prompt and output so far): for every
-n-gram of up to ``ngram`` tokens, the latest place it ended with a token after it. Each round it
-finds the longest suffix of the text that occurred earlier and proposes up to ``tokens`` tokens
-that followed it there, at no body step. The fused loop verifies them in one batched body pass.
+:class:`~trimpass.spec.lookup.Lookup` (the speculation core's, shared with the vLLM adapter)
+keeps an index of a request's own tokens and proposes the tokens that followed the text's longest
+recurring suffix, at no body step. The fused loop verifies them in one batched body pass.
 
 :class:`Chooser` picks a round's source by expected tokens per millisecond, from costs the loop
 times on this machine (a one-token body step, a batched verification pass) and the request's own
@@ -21,46 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trimpass.spec.lookup import Lookup  # noqa: F401  (the fused loop's index, engine-neutral)
+
 PROBE = 8  # matches passed over in a row before lookup runs anyway, to refresh its record and cost
 PROBE_MAX = 64  # the longest wait between probes, after probes that kept finding lookup worse
-
-
-class Lookup:
-    """Prompt lookup over one request's tokens, kept incrementally (``extend`` as tokens arrive)."""
-
-    def __init__(self, tokens: int, ngram: int, outputs=None):
-        """``outputs``: an :class:`~trimpass.hf.output_cache.OutputCache` of earlier requests'
-        outputs, searched beside the request's own text (None: the request's text alone)."""
-        self.tokens, self.ngram, self.outputs = tokens, ngram, outputs
-        self.seq: list[int] = []
-        self.follow: dict[tuple, int] = {}  # n-gram -> index of the token that followed it last
-
-    def extend(self, ids) -> None:
-        for t in ids:
-            self.seq.append(int(t))
-            i = len(self.seq) - 1  # the n-grams ending just before i now have a follower
-            for n in range(1, min(self.ngram, i) + 1):
-                self.follow[tuple(self.seq[i - n:i])] = i
-
-    def propose(self, limit: int) -> tuple[list[int], int]:
-        """``min(tokens, limit)`` tokens that followed the latest earlier occurrence of the text's
-        longest recurring suffix, and that suffix's length (0 and no tokens where nothing recurs).
-        Where that occurrence is closer to the end than the tokens wanted, the text since it is
-        taken as a period and repeated: a greedy loop's text does exactly that, and proposing only
-        the tokens up to the end cut its proposals to the loop's length."""
-        want = min(self.tokens, limit)
-        own, match = [], 0
-        for n in range(min(self.ngram, len(self.seq)), 0, -1):
-            at = self.follow.get(tuple(self.seq[-n:]))
-            if at is not None:
-                period = len(self.seq) - at  # the text since that occurrence repeats with it
-                own, match = [self.seq[at + i % period] for i in range(want)], n
-                break
-        if self.outputs is not None and match < self.ngram:
-            theirs, n = self.outputs.propose(self.seq, want)
-            if n > match:  # an earlier output matches a longer suffix than the text itself
-                return theirs, n
-        return own, match
 
 
 @dataclass

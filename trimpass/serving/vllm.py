@@ -203,8 +203,10 @@ def stats(llm) -> dict:
     ``runs``: what this route runs where it differs from :class:`trimpass.TrimConfig`'s defaults
     (no escape path, no refresh); ``shared_cache``: where the target drafts for itself on its own
     KV cache, ``first_pass_rows`` (rows its next-token first forwards ran) and
-    ``cache_unused_bytes`` (the drafter's own cache, allocated by vLLM, unused). All zero when
-    nothing trims."""
+    ``cache_unused_bytes`` (the drafter's own cache, allocated by vLLM, unused); ``lookup_live``:
+    requests holding a lookup index, where the budget drafts lookups; ``budget_s``: the seconds
+    of the budget's own host work (its decisions, cuts and lookups; the driver worker's). All zero
+    when nothing trims."""
     every = [s for s in compat.rpc(llm, "trimpass_stats") if s]
     got = [s for s in every if "calls" in s]
     out = {"workers": len(got), "proposals": sum(s["proposals"] for s in every),
@@ -221,6 +223,9 @@ def stats(llm) -> dict:
     shared = [s["shared_cache"] for s in every if "shared_cache" in s]
     if shared:  # the target drafting for itself on its own cache, summed over the workers
         out["shared_cache"] = {k: sum(s[k] for s in shared) for k in shared[0]}
+    out["budget_s"] = max((s.get("budget_s", 0.0) for s in every), default=0.0)
+    if any("lookup_live" in s for s in every):  # requests with a lookup index, the driver's
+        out["lookup_live"] = max(s.get("lookup_live", 0) for s in every)
     budgets = [s["budget"] for s in every if "budget" in s]
     if budgets:  # the driver worker's: its drafts are the ones the scheduler takes
         out["budget"] = budgets[0]

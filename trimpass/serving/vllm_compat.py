@@ -71,12 +71,13 @@ SYMBOLS = (
            "a step that verifies no drafted token (D-Cut drafted nothing) takes vLLM's plain "
            "decoding path: no speculative metadata, the plain sampler (the same logits rows)"),
     Symbol(f"{_R}.propose_draft_token_ids", "patched", ("self", "scheduler_output",
-                                                        "sampled_token_ids"),
+                                                        "sampled_token_ids", "sampling_metadata"),
            "one proposal for the batch; sampled_token_ids: each request's emitted tokens this step "
            "([B, 1 + K] with -1 where rejected, or lists)",
            "rows follow the batch's requests before the drafter runs; the budget reads what was "
-           "accepted, decides, and cuts the draft into per-request lists; a proposal it skips "
-           "on the target's own cache returns no drafts before vLLM prepares it"),
+           "accepted, prices each request's lookup draft (greedy batches), decides, and cuts the "
+           "drafts into per-request lists; a proposal it skips on the target's own cache returns "
+           "no drafter drafts before vLLM prepares it"),
     Symbol(f"{_P}.propose", "patched", ("self", "num_speculative_tokens", "target_token_ids",
                                         "target_positions", "target_hidden_states",
                                         "next_token_ids"),
@@ -381,6 +382,15 @@ def emitted(sampled) -> list[int]:
     return [len(x) for x in sampled or ()]
 
 
+def emitted_ids(sampled) -> list[list[int]]:
+    """The tokens each request emitted this step (of ``sampled_token_ids``, as :func:`emitted`)."""
+    if isinstance(sampled, torch.Tensor):
+        if sampled.dim() != 2:
+            return []
+        return [[t for t in row if t >= 0] for row in sampled.cpu().tolist()]
+    return [list(x) for x in sampled or ()]
+
+
 def verified_drafts_metric() -> str:
     return "vllm:spec_decode_num_draft_tokens"
 
@@ -480,11 +490,16 @@ def _wrappers(hooks) -> dict:
                 if st is None:
                     return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
                 so = scheduler_output
+                sm = _bound(original, self, (so, sampled_token_ids, *args), kwargs).get(
+                    "sampling_metadata")
                 try:
                     skipped = st.before_proposal(
                         batch(self), emitted(sampled_token_ids),
                         gamma=int(so.num_spec_tokens_to_schedule),
-                        tokens=int(so.total_num_scheduled_tokens))
+                        tokens=int(so.total_num_scheduled_tokens),
+                        ids=(lambda: emitted_ids(sampled_token_ids)),
+                        no_probs=bool(getattr(sm, "all_greedy", False)) or not getattr(
+                            self.drafter, "_enable_probabilistic_draft_probs", True))
                     if skipped is not None:
                         return skipped
                     draft = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)

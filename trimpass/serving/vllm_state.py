@@ -22,6 +22,7 @@ from trimpass.serving import vllm_kv
 from trimpass.serving import vllm_settings as front
 from trimpass.serving.vllm_check import CheckedTrimmer
 from trimpass.serving.vllm_trim import Trimmer
+from trimpass.spec.lookup import RequestLookups
 
 _drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _process = {"proposals": 0, "propose_s": 0.0}  # in this process, trimmed or not (benchmarks)
@@ -44,7 +45,10 @@ class DrafterState:
         self.measuring = False  # the cost model is timing the target alone
         self.plain_steps = 0  # engine steps that verified no draft, sampled as plain decoding
         self.skipped_whole = 0  # proposals skipped before vLLM prepared them
+        self.budget_s = 0.0  # seconds of the budget's own work (and its lookups'), on the host
         self._decided = _UNDECIDED  # the budget's decision for the proposal under way
+        self.lookups: RequestLookups | None = None  # the requests' lookup indexes, once drafted
+        self._proposals = None  # this proposal's lookup drafts, for begin_drafting
 
     # ---- engine steps --------------------------------------------------------------------------
     def share_cache(self, pairs: dict) -> dict:
@@ -62,6 +66,8 @@ class DrafterState:
         target's forward, ``verify(n)`` a dummy forward of ``n`` tokens."""
         if self.trimmer is not None:
             self.trimmer.settle([r for r in step.scheduled if r not in step.resumed])
+        if self.lookups is not None:
+            self.lookups.keep_only(step.scheduled)
         b = self.budget
         if b is None:
             return run()
@@ -77,7 +83,9 @@ class DrafterState:
         out, seconds = timed(run, device=device)  # the syncs are no-ops on CPU
         b.timings.forward_ended(time.perf_counter(), len(step.scheduled),
                                 drafted=any(step.drafts.values()))
+        t0 = time.perf_counter()
         b.observed(step.scheduled, step.drafts, step.tokens, seconds)
+        self.budget_s += time.perf_counter() - t0
         return out
 
     def plain_step(self) -> None:
@@ -86,34 +94,60 @@ class DrafterState:
 
     # ---- proposals -----------------------------------------------------------------------------
     def before_proposal(self, batch, emitted: list[int], *, gamma: int | None = None,
-                        tokens: int | None = None) -> list | None:
+                        tokens: int | None = None, ids=None, no_probs: bool = False
+                        ) -> list | None:
         """Before vLLM prepares a proposal over ``batch``: the budget reads what the target
         accepted of the last drafts (``emitted``: each request's tokens emitted this step) and,
-        given the proposal's ``gamma`` and the target pass's ``tokens``, decides. Returns the
-        proposal's drafts (none for every request) where the budget skips it whole and the
-        drafter shares the target's cache: then neither vLLM's preparation nor the drafter has
-        anything to do, and the request rows catch up at the next drafted proposal (each admits
-        its request's tokens since its last). Else None, and vLLM proposes."""
-        self._req_ids = batch.req_ids
-        b = self.budget
-        if b is not None:
-            b.accepted(batch.req_ids, emitted)
-            if gamma is not None and b.shares_cache:
-                run = b.begin(len(batch.req_ids), gamma, tokens)
-                if run is None:
-                    self.skipped_whole += 1
-                    return b.cut(torch.empty(len(batch.req_ids), 0, dtype=torch.long),
-                                 batch.req_ids)
-                self._decided = run
+        given the proposal's ``gamma``, the target pass's ``tokens`` and each request's lookup
+        draft (where lookup is on and the drafts need no probabilities, ``no_probs``; ``ids()``:
+        the tokens each request emitted), decides. Returns the proposal's drafts (lookup drafts
+        only) where the budget skips the drafter and the drafter shares the target's cache: then
+        neither vLLM's preparation nor the drafter has anything to do, and the request rows catch
+        up at the next drafted proposal (each admits its request's tokens since its last). Else
+        None, and vLLM proposes."""
+        self._req_ids, self._proposals = batch.req_ids, None
+        if self.budget is not None:
+            t0 = time.perf_counter()
+            drafts = self._budget_decides(batch, emitted, gamma, tokens, ids, no_probs)
+            self.budget_s += time.perf_counter() - t0
+            if drafts is not None:
+                return drafts
         if self.trimmer is not None:
             self.trimmer.begin(batch, emitted)
         return None
 
+    def _budget_decides(self, batch, emitted, gamma, tokens, ids, no_probs) -> list | None:
+        b = self.budget
+        b.accepted(batch.req_ids, emitted)
+        if b.settings["lookup"] and gamma and no_probs and ids is not None:
+            self._proposals = self._lookups(b.settings["lookup"]).drafts(
+                batch.req_ids, batch.lengths, batch.tokens, ids(), gamma)
+        if gamma is None or not b.shares_cache:
+            return None
+        run = b.begin(len(batch.req_ids), gamma, tokens, self._proposals)
+        if run is not None:
+            self._decided = run
+            return None
+        self.skipped_whole += 1
+        return b.cut(torch.empty(len(batch.req_ids), 0, dtype=torch.long), batch.req_ids)
+
+    def _lookups(self, settings: dict) -> RequestLookups:
+        lk = self.lookups
+        if lk is None or (lk.tokens, lk.ngram) != (settings["tokens"], settings["ngram"]):
+            lk = self.lookups = RequestLookups(settings["tokens"], settings["ngram"])
+        return lk
+
     def after_proposal(self, draft):
-        return draft if self.budget is None else self.budget.cut(draft, self._req_ids)
+        if self.budget is None:
+            return draft
+        t0 = time.perf_counter()
+        try:
+            return self.budget.cut(draft, self._req_ids)
+        finally:
+            self.budget_s += time.perf_counter() - t0
 
     def end_proposal(self) -> None:
-        self._decided = _UNDECIDED
+        self._decided, self._proposals = _UNDECIDED, None
         if self.trimmer is not None:
             self.trimmer.end()
 
@@ -125,7 +159,7 @@ class DrafterState:
         if self._decided is not _UNDECIDED:
             run, self._decided = self._decided, _UNDECIDED
             return run
-        return self.budget.begin(batch, gamma, tokens)
+        return self.budget.begin(batch, gamma, tokens, self._proposals)
 
     def drafted_for(self, seconds: float) -> None:
         if self.budget is not None:
@@ -152,7 +186,10 @@ class DrafterState:
         self.budget.drafted(ids, conf, probs)
 
     def stats(self) -> dict:
-        out = {**_process, "plain_steps": self.plain_steps, "skipped_whole": self.skipped_whole}
+        out = {**_process, "plain_steps": self.plain_steps, "skipped_whole": self.skipped_whole,
+               "budget_s": self.budget_s}
+        if self.lookups is not None:
+            out["lookup_live"] = len(self.lookups)
         if self.cache_shared:
             out["shared_cache"] = {k: self.shared[k] for k in ("first_pass_rows",
                                                                "cache_unused_bytes")}
