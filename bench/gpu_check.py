@@ -1,8 +1,7 @@
 """GPU check: the trimmed LM-head op on a CUDA device, bf16, against copy bandwidth and cuBLAS.
 
 On a bare CUDA machine with torch and triton but no network, from the repository root:
-    pip install --no-deps --no-build-isolation .
-    python bench/gpu_check.py [--out DIR]
+    bench/gpu_run.sh OUTDIR     (installs the wheel, then runs this script with --out OUTDIR)
 Every check asserts its tolerance: one line per check, then a closing summary line
 ``gpu_check: N passed, N failed, N skipped``; the exit status is 1 if any check failed (a section
 that raises counts as a failed check, and the others still run), 2 without a CUDA device or
@@ -24,7 +23,9 @@ decoding through the same body, with CUDA graphs, and its tokens/s beside plain 
 the script cannot rot): the correctness checks are asserted, the speed checks skipped (its numbers
 mean nothing), and a self-check first plants failures to prove they are counted and fail the run.
 ``--inject-failure`` plants one failing check in a real run, to see the failure path end to end.
-The whole script stays under 5 minutes on an H200.
+Each section prints its seconds, and with ``--out`` the JSON is rewritten after every section.
+The whole script stays under 5 minutes on an H200. ``bench/gpu_run.sh OUTDIR`` is the one command
+for a GPU machine: it installs the wheel and runs this script with its log teed into ``OUTDIR``.
 """
 from __future__ import annotations
 
@@ -61,7 +62,14 @@ try:
     from trimpass.shapes import DRAFTERS
 except ImportError as e:
     print(f"gpu_check: cannot import {e.name}; install trimpass first (from the repository root: "
-          "pip install --no-deps --no-build-isolation .)", file=sys.stderr)
+          "bench/gpu_run.sh OUTDIR on a GPU, pip install --no-deps --no-build-isolation . "
+          "elsewhere)", file=sys.stderr)
+    sys.exit(2)
+try:
+    from trimpass.kernels import require_triton
+    require_triton()  # the dry run: also whether this triton's interpreter runs with this numpy
+except RuntimeError as e:
+    print(f"gpu_check: {e}", file=sys.stderr)
     sys.exit(2)
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
@@ -276,9 +284,15 @@ def state_section(c: Checks) -> list[dict]:
     return rows
 
 
-def step_section(c: Checks) -> list[dict]:
+def step_sections() -> dict:
+    """One section per drafter shape, so an exception in one leaves the other's figures."""
     import gpu_step  # beside this script
-    return gpu_step.step_section(c, DEVICE, DTYPE, STEP_TOL, bench_ms, rel_err)
+
+    def one(shape):
+        return lambda c: gpu_step.step_section(c, DEVICE, DTYPE, STEP_TOL, bench_ms, rel_err,
+                                               shape)
+
+    return {f"step {shape}": one(shape) for shape in gpu_step.shape_names()}
 
 
 def host_section(c: Checks) -> list[dict]:
@@ -291,12 +305,27 @@ def fused_section(c: Checks) -> list[dict]:
     return gpu_fused.section(c, DEVICE, DTYPE)
 
 
+def write(results: dict) -> None:
+    """The JSON so far, rewritten after each section: a run cut at its time limit keeps what it
+    measured and where its time went."""
+    if not ARGS.out:
+        return
+    os.makedirs(ARGS.out, exist_ok=True)
+    path = os.path.join(ARGS.out, "gpu_check.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
 def main() -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run for the CPU smoke version")
         return 2
+    import triton
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
-    print(f"# trimpass gpu_check on {name}; torch {torch.__version__}")
+    print(f"# trimpass gpu_check on {name}; torch {torch.__version__}, triton "
+          f"{triton.__version__}, Python {sys.version.split()[0]}; trimpass from "
+          f"{os.path.dirname(trimpass.__file__)}", flush=True)
     t0 = time.time()
     c = Checks()
     problems = self_check()
@@ -304,18 +333,20 @@ def main() -> int:
             "; ".join(problems) or "3 planted failures counted, exit code 1")
     if ARGS.inject_failure:
         c.check("injected failure", False, "planted by --inject-failure")
-    results = {"device": name, "head": c.section("head", head_section),
-               "roofline": c.section("roofline", roofline_section),
-               "state": c.section("state", state_section), "host": c.section("host", host_section),
-               "step": c.section("step", step_section),
-               "fused": c.section("fused", fused_section)}
-    results["seconds"] = time.time() - t0
-    results["checks"] = [asdict(r) for r in c.rows]
-    print(f"total {results['seconds']:.0f} s")
-    if ARGS.out:
-        os.makedirs(ARGS.out, exist_ok=True)
-        with open(os.path.join(ARGS.out, "gpu_check.json"), "w") as f:
-            json.dump(results, f, indent=1)
+    sections = {"head": head_section, "roofline": roofline_section, "state": state_section,
+                "host": host_section, **step_sections(), "fused": fused_section}
+    results = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
+               "trimpass": os.path.dirname(trimpass.__file__), "section_seconds": {}}
+    for key, fn in sections.items():
+        print(f"=== section {key}", flush=True)
+        start = time.time()
+        results[key] = c.section(key, fn)
+        results["section_seconds"][key] = round(time.time() - start, 1)
+        results["seconds"], results["checks"] = time.time() - t0, [asdict(r) for r in c.rows]
+        print(f"=== section {key}: {results['section_seconds'][key]:.1f} s", flush=True)
+        write(results)
+    print(f"total {results['seconds']:.0f} s; per section: " + ", ".join(
+        f"{k} {v:.0f} s" for k, v in results["section_seconds"].items()))
     for r in c.rows:
         if r.status == "FAIL":
             print(f"FAILED {r.name}: {r.detail}")

@@ -1,17 +1,17 @@
 """gpu_check's sections for the whole drafter step and the op's host cost.
 
-``step_section``: two drafter shapes with random weights, an EAGLE-3 drafter for Llama-3-8B
-(``EagleDrafter``, V = 128,256, d = 4,096) and a Gemma-3-270M-shaped decoder (``Transformer``, 18
-layers, V = 262,144, d = 640, a static KV cache), each compiled untrimmed and through the trimpass
-backend (dynamic mode) under ``mode="reduce-overhead"`` on a GPU. Per shape: the trimmed logits
-against the untrimmed ones on the active ids; what CUDA-graph trees read from the graph
-(:class:`trimpass.testing.capture.CaptureCheck`: every parameter a static input, no mutated input
-that is not static); the step's time side by side; and, under the profiler, the copy ops per
-replay and how many of them are weight-sized (a non-static weight is copied into the graph's pool
-on every replay). ``host_section``: the host time of one Python-launched ``head_compact`` call,
-with the launch cache warm and emptied before every call, beside ``F.linear``'s, timed as the
-host's loop time with the GPU left to run behind it. On the dry run (CPU, tiny sizes) the code
-runs and the speed checks are skipped."""
+``step_section``, one gpu_check section per drafter shape (``shape_names``), random weights: an
+EAGLE-3 drafter for Llama-3-8B (``EagleDrafter``, V = 128,256, d = 4,096) and a Gemma-3-270M-shaped
+decoder (``Transformer``, 18 layers, V = 262,144, d = 640, a static KV cache), each compiled
+untrimmed and through the trimpass backend (dynamic mode) under ``mode="reduce-overhead"`` on a GPU.
+Per shape: the trimmed logits against the untrimmed ones on the active ids; what CUDA-graph trees
+read from the graph (:class:`trimpass.testing.capture.CaptureCheck`: every parameter a static input,
+no mutated input that is not static); the step's time side by side; and, under the profiler, the
+copy ops per replay and how many of them are weight-sized (a non-static weight is copied into the
+graph's pool on every replay). ``host_section``: the host time of one Python-launched
+``head_compact`` call, with the launch cache warm and emptied before every call, beside
+``F.linear``'s, timed as the host's loop time with the GPU left to run behind it. On the dry run
+(CPU, tiny sizes) the code runs and the speed checks are skipped."""
 from __future__ import annotations
 
 import math
@@ -131,22 +131,25 @@ def _compare(c, name, spec, device, dtype, tol, bench_ms, rel_err) -> dict:
                 rel_err=err, active=n_live, graphs_while_timed=timed_graphs)
 
 
-def step_section(c, device, dtype, tol, bench_ms, rel_err) -> list[dict]:
-    rows = [_compare(c, name, spec, device, dtype, tol, bench_ms, rel_err)
-            for name, spec in _shapes(device == "cuda").items()]
-    print(f"\n## drafter step, trimmed (dynamic mode) vs untrimmed ({dtype}, "
-          f"mode={rows[0]['mode']})")
+def shape_names() -> list[str]:
+    """The drafter shapes, each its own gpu_check section: one failing hides not the other."""
+    return list(_shapes(False))
+
+
+def step_section(c, device, dtype, tol, bench_ms, rel_err, shape: str) -> list[dict]:
+    r = _compare(c, shape, _shapes(device == "cuda")[shape], device, dtype, tol, bench_ms,
+                 rel_err)
+    (n, b), (n0, b0) = r["copies_trimmed"], r["copies_untrimmed"]
+    print(f"\n## drafter step {shape}, trimmed (dynamic mode) vs untrimmed ({dtype}, "
+          f"mode={r['mode']})")
     print("| shape | untrimmed ms | trimmed ms | trimmed / untrimmed | copies per call, trimmed "
           "(weight-sized) | untrimmed | graphs compiled while timed |")
     print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        (n, b), (n0, b0) = r["copies_trimmed"], r["copies_untrimmed"]
-        print(f"| {r['shape']} (V={r['V']:,}, d={r['d']:,}, {r['layers']} layers) | "
-              f"{r['untrimmed_ms']:.4f} | {r['trimmed_ms']:.4f} | x{r['ratio']:.2f} | "
-              f"{n:.0f} ({b:.0f}) | {n0:.0f} ({b0:.0f}) | "
-              f"{sum(r['graphs_while_timed'].values())} |")
+    print(f"| {r['shape']} (V={r['V']:,}, d={r['d']:,}, {r['layers']} layers) | "
+          f"{r['untrimmed_ms']:.4f} | {r['trimmed_ms']:.4f} | x{r['ratio']:.2f} | "
+          f"{n:.0f} ({b:.0f}) | {n0:.0f} ({b0:.0f}) | {sum(r['graphs_while_timed'].values())} |")
     print("random weights: times only; acceptance comes from CPU runs of the real Gemma\n")
-    return rows
+    return [r]
 
 
 def _host_us(fn, calls: int) -> float:

@@ -1,24 +1,38 @@
-"""Predicted time of one trimmed-head launch on an H200, beside cuBLAS's full head, for the shapes
-``bench/gpu_check.py`` measures: Gemma-3-270M, the Llama-3-8B EAGLE-3 drafter and Qwen2.5 at
-d = 896 and 3,584; K = 1k, 3k and 32k live ids; M = 1, 4, 16 and 64 rows; bf16. A launch moves
-the live ids' weight rows once from HBM (row blocks after the first re-read them from L2), the ids,
-the M input rows and the compact output (``-inf`` past the count up to the capacity); the V-wide
-``-inf`` fill of ``head_full`` is a separate fill kernel and is not counted (its bytes are given
-beside). Predicted time: the launch floor (:data:`LAUNCH_US`, a kernel node replayed in a CUDA
-graph) plus the larger of bytes over :data:`HBM_TBS` and FLOPs over :data:`TC_TFLOPS` (tensor
-cores; the one-row path's FMAs stay far below either). ``python bench/kernel_roofline.py --out
-bench/results/kernel_roofline.md`` writes the table; gpu_check runs :func:`section`, which times
-the same shapes and prints them beside the prediction.
+"""Predicted time of one trimmed-head launch on an H100 or an H200, beside cuBLAS's full head, for
+the shapes ``bench/gpu_check.py`` measures: Gemma-3-270M, the Llama-3-8B EAGLE-3 drafter and
+Qwen2.5 at d = 896 and 3,584; K = 1k, 3k and 32k live ids; M = 1, 4, 16 and 64 rows; bf16. A launch
+moves the live ids' weight rows once from HBM (row blocks after the first re-read them from L2),
+the ids, the M input rows and the compact output (``-inf`` past the count up to the capacity); the
+V-wide ``-inf`` fill of ``head_full`` is a separate fill kernel and is not counted (its bytes are
+given beside). Predicted time: the launch floor (:data:`LAUNCH_US`, a kernel node replayed in a
+CUDA graph) plus the larger of bytes over the device's copy bandwidth and FLOPs over
+:data:`TC_TFLOPS` (tensor cores; the one-row path's FMAs stay far below either). On the machine,
+gpu_check runs :func:`section`, which first measures that machine's copy bandwidth and predicts
+from it, so each GPU is judged against itself; ``python bench/kernel_roofline.py --out
+bench/results/kernel_roofline.md`` writes the tables ahead of a run from each GPU's nominal copy
+bandwidth (:data:`GPUS`).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-HBM_TBS = 4.3  # H200 HBM3e: 4.8 TB/s peak, about 4.3 sustained by a device copy
-LAUNCH_US = 2.5  # one kernel node of a replayed CUDA graph on an H200, 2-3 us
-TC_TFLOPS = 500.0  # bf16 tl.dot on 16-64-row tiles: about half the 989 TFLOPS dense peak
-SMS = 132
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    copy_tbs: float  # device-to-device copy, bytes read + written per second / 1e12
+    sms: int
+    source: str  # where copy_tbs comes from
+
+
+GPUS = {"h200": Gpu("NVIDIA H200", 4.23, 132, "measured by gpu_check on an H200, 2026-12-04 "
+                    "(HBM3e: 4.8 TB/s peak)"),
+        "h100": Gpu("NVIDIA H100 80GB HBM3", 3.0, 132, "assumed, not yet measured: the H200's "
+                    "copy reaches 88% of its peak, and 88% of the H100 SXM's 3.35 TB/s is 3.0")}
+LAUNCH_US = 2.5  # one kernel node of a replayed CUDA graph on an H100 or H200, 2-3 us
+TC_TFLOPS = 500.0  # bf16 tl.dot on 16-64-row tiles: about half the 989 TFLOPS dense peak of both
 CAPACITY = 4096  # idx[CAP] of the dynamic vocabulary; K = 32k uses a static list (CAP = K)
 HEADS = {"gemma3-270m": (262_144, 640), "llama3-8b-eagle3": (128_256, 4_096),
          "qwen2.5-0.5b": (151_936, 896), "qwen2.5-7b": (151_936, 3_584)}  # (V, d)
@@ -59,12 +73,13 @@ def full_bytes(V: int, d: int, M: int) -> int:
     return V * d * ELEM + M * d * ELEM + M * V * ELEM
 
 
-def predicted_us(nbytes: int, flops: float) -> float:
-    return LAUNCH_US + max(nbytes / (HBM_TBS * 1e6), flops / (TC_TFLOPS * 1e6))
+def predicted_us(nbytes: int, flops: float, copy_tbs: float) -> float:
+    return LAUNCH_US + max(nbytes / (copy_tbs * 1e6), flops / (TC_TFLOPS * 1e6))
 
 
-def rows(heads=HEADS, ks=KS, ms=MS) -> list[dict]:
-    """One dict per (head, K, M): bytes, programs and predicted microseconds, trimmed and full."""
+def rows(copy_tbs: float, heads=HEADS, ks=KS, ms=MS) -> list[dict]:
+    """One dict per (head, K, M): bytes, programs and predicted microseconds, trimmed and full,
+    at a copy bandwidth of ``copy_tbs`` TB/s."""
     out = []
     for name, (V, d) in heads.items():
         for M in ms:
@@ -75,10 +90,11 @@ def rows(heads=HEADS, ks=KS, ms=MS) -> list[dict]:
                 nb = trimmed_bytes(V, d, K, M)
                 grid, most = programs(K, M, bk_lo, bm_lo)
                 _, least = programs(K, M, bk_hi, bm_hi)
+                us = predicted_us(nb, 2 * padded * K * d, copy_tbs)
                 out.append(dict(head=name, V=V, d=d, K=K, M=M, bytes=nb, grid=grid,
-                                working=(least, most), us=predicted_us(nb, 2 * padded * K * d),
+                                working=(least, most), us=us,
                                 fill_bytes=M * V * ELEM, full_bytes=full_b,
-                                full_us=predicted_us(full_b, 2 * M * V * d)))
+                                full_us=predicted_us(full_b, 2 * M * V * d, copy_tbs)))
     return out
 
 
@@ -96,84 +112,44 @@ def table(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def section(c, device: str, dtype, tol: float) -> list[dict]:
-    """gpu_check's section: every shape of :func:`rows` (tiny ones on the dry run's CPU), the
-    trimmed head (``head_compact``) and cuBLAS's full head beside the prediction, each timed two
-    ways with the L2 cache flushed before every call: replayed in a CUDA graph
-    (``measure.graph_ms``: the kernel, as a captured decode step runs it; what the prediction
-    models and the checks use) and launched from Python (``measure.median_ms``, triton's do_bench:
-    the host's launch cost included). ``c`` is gpu_check's ``Checks``."""
+def machine(device: str) -> Gpu:
+    """The device in hand: its name, SMs and the copy bandwidth measured on it now (1 GiB copied
+    on a GPU; 1 MiB on the dry run's CPU, whose figure means nothing)."""
     import torch
-    import torch.nn.functional as F
 
-    from trimpass import measure, ops
-    from trimpass.kernels import trimmed_head as kernel
+    from trimpass import measure
     gpu = device == "cuda"
-    heads, ks, ms = (HEADS, KS, MS) if gpu else ({"tiny": (1_031, 96)}, (37, 100), MS)
-    predicted = {(r["head"], r["K"], r["M"]): r for r in rows(heads, ks, ms)}
-
-    def bench_ms(fn) -> float:
-        return measure.median_ms(fn, device, min_time_s=0.1 if gpu else 0.02)
-
-    def graph_ms(fn) -> float:  # the dry run's CPU has no graphs: its eager time stands in
-        return measure.graph_ms(fn) if gpu else bench_ms(fn)
-
-    def rel_err(out, ref) -> float:
-        return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-
     n = (1 << 30) if gpu else (1 << 20)
     src = torch.empty(n, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_gbps = 2 * n / bench_ms(lambda: dst.copy_(src)) / 1e6  # bytes read + written
-    g = torch.Generator().manual_seed(1)
-    out_rows = []
-    with ops.use_kernel("triton"):
-        for name, (V, d) in heads.items():
-            w = (torch.randn(V, d, generator=g) / d**0.5).to(device, dtype)
-            for M in ms:
-                x = torch.randn(M, d, generator=g).to(device, dtype)
-                full_eager_ms = bench_ms(lambda x=x, w=w: F.linear(x, w))
-                full_ms = graph_ms(lambda x=x, w=w: F.linear(x, w))
-                for K in ks:
-                    idx = torch.randperm(V, generator=g)[:capacity(K) if gpu else K + 5]
-                    idx = idx.to(device)
-                    count = torch.tensor([K], dtype=torch.int32, device=device)
-                    out = ops.head_compact(x, w, None, idx, count)
-                    err = rel_err(out[..., :K], F.linear(x.float(), w[idx[:K]].float()))
-                    def call(x=x, w=w, idx=idx, count=count):
-                        return ops.head_compact(x, w, None, idx, count)
-                    eager, t = bench_ms(call), graph_ms(call)
-                    cfg = kernel.best_config()
-                    bk, bm = cfg.kwargs["BLOCK_K"], cfg.kwargs["BLOCK_M"]
-                    working = programs(K, M, bk, bm)[1]
-                    p = predicted[name, K, M]
-                    out_rows.append(dict(section="roofline", head=name, V=V, d=d, K=K, M=M,
-                                         ms=t, eager_ms=eager, predicted_ms=p["us"] / 1e3,
-                                         full_ms=full_ms, full_eager_ms=full_eager_ms,
-                                         full_predicted_ms=p["full_us"] / 1e3, working=working,
-                                         rel_err=err, config=str(cfg)))
-                    tag = f"roofline {name} K={K:,} M={M}"
-                    c.within(f"{tag}: logits vs a float32 reference", err, tol)
-                    if K == ks[len(ks) // 2] and M == 1:
-                        c.check(f"{tag}: working programs", working >= (SMS if gpu else 2),
-                                f"{working} (BLOCK_K {bk}; an H200 has {SMS} SMs)")
-                    if M == 1 and gpu:
-                        c.check(f"{tag}: faster than cuBLAS's full head", t < full_ms,
-                                f"{t * 1e3:.1f} us vs {full_ms * 1e3:.1f} us in a CUDA graph "
-                                f"(launched from Python: {eager * 1e3:.1f} vs "
-                                f"{full_eager_ms * 1e3:.1f})")
-            del w
-    ratios = sorted(r["ms"] / r["predicted_ms"] for r in out_rows)
-    median = ratios[len(ratios) // 2]
-    if gpu:
-        c.check("roofline: median measured/predicted within 0.5-2", 0.5 <= median <= 2.0,
-                f"x{median:.2f} (range x{ratios[0]:.2f}-x{ratios[-1]:.2f})")
-    else:
-        c.skip("roofline: median measured/predicted within 0.5-2",
-               f"dry run: timings mean nothing (x{median:.0f} here)")
-    print(f"\n## trimmed head vs prediction, {dtype} (L2 flushed before every timed call; "
-          f"device copy {copy_gbps:,.0f} GB/s, the prediction assumes {HBM_TBS * 1e3:,.0f}; "
-          "graph: replayed in a CUDA graph; eager: launched from Python, host cost included)")
+    ms = measure.median_ms(lambda: dst.copy_(src), device, min_time_s=0.1 if gpu else 0.02)
+    if not gpu:
+        return Gpu("cpu (dry run)", 2 * n / ms / 1e9, 2, "measured now")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return Gpu(props.name, 2 * n / ms / 1e9, props.multi_processor_count, "measured now")
+
+
+def _time_shape(x, w, idx, count, K, bench_ms, graph_ms, rel_err) -> dict:
+    """One (head, K, M): the trimmed head's error, graph and eager times, the config it ran."""
+    import torch.nn.functional as F
+
+    from trimpass import ops
+    from trimpass.kernels import trimmed_head as kernel
+    out = ops.head_compact(x, w, None, idx, count)
+    err = rel_err(out[..., :K], F.linear(x.float(), w[idx[:K]].float()))
+
+    def call():
+        return ops.head_compact(x, w, None, idx, count)
+
+    eager, t = bench_ms(call), graph_ms(call)
+    return dict(ms=t, eager_ms=eager, rel_err=err, config=kernel.best_config())
+
+
+def _print(out_rows, dtype, gpu: Gpu) -> None:
+    print(f"\n## trimmed head vs prediction on {gpu.name}, {dtype} (L2 flushed before every timed "
+          f"call; the prediction uses the device copy measured now, {gpu.copy_tbs * 1e3:,.0f} "
+          "GB/s; graph: replayed in a CUDA graph; eager: launched from Python, host cost "
+          "included)")
     print("| head | K | M | working programs | trimmed us, graph | eager | predicted us | "
           "cuBLAS full us, graph | eager | predicted us | rel err | config |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -184,32 +160,111 @@ def section(c, device: str, dtype, tol: float) -> list[dict]:
               f"{r['full_eager_ms'] * 1e3:.1f} | {r['full_predicted_ms'] * 1e3:.1f} | "
               f"{r['rel_err']:.1e} | {r['config']} |")
     print()
+
+
+def section(c, device: str, dtype, tol: float) -> list[dict]:
+    """gpu_check's section: every shape of :func:`rows` (tiny ones on the dry run's CPU), the
+    trimmed head (``head_compact``) and cuBLAS's full head beside the prediction from this
+    device's own copy bandwidth (:func:`machine`), each timed two ways with the L2 cache flushed
+    before every call: replayed in a CUDA graph (``measure.graph_ms``: the kernel, as a captured
+    decode step runs it; what the prediction models and the checks use) and launched from Python
+    (``measure.median_ms``, triton's do_bench: the host's launch cost included). ``c`` is
+    gpu_check's ``Checks``."""
+    import torch
+    import torch.nn.functional as F
+
+    from trimpass import measure, ops
+    gpu = device == "cuda"
+    heads, ks, ms = (HEADS, KS, MS) if gpu else ({"tiny": (1_031, 96)}, (37, 100), MS)
+    here = machine(device)
+    predicted = {(r["head"], r["K"], r["M"]): r for r in rows(here.copy_tbs, heads, ks, ms)}
+
+    def bench_ms(fn) -> float:
+        return measure.median_ms(fn, device, min_time_s=0.1 if gpu else 0.02)
+
+    def graph_ms(fn) -> float:  # the dry run's CPU has no graphs: its eager time stands in
+        return measure.graph_ms(fn) if gpu else bench_ms(fn)
+
+    def rel_err(out, ref) -> float:
+        return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+    g = torch.Generator().manual_seed(1)
+    out_rows = []
+    with ops.use_kernel("triton"):
+        for name, (V, d) in heads.items():
+            w = (torch.randn(V, d, generator=g) / d**0.5).to(device, dtype)
+            for M in ms:
+                x = torch.randn(M, d, generator=g).to(device, dtype)
+                full = dict(full_eager_ms=bench_ms(lambda x=x, w=w: F.linear(x, w)),
+                            full_ms=graph_ms(lambda x=x, w=w: F.linear(x, w)))
+                for K in ks:
+                    idx = torch.randperm(V, generator=g)[:capacity(K) if gpu else K + 5]
+                    count = torch.tensor([K], dtype=torch.int32, device=device)
+                    r = _time_shape(x, w, idx.to(device), count, K, bench_ms, graph_ms, rel_err)
+                    cfg = r.pop("config")
+                    bk, bm = cfg.kwargs["BLOCK_K"], cfg.kwargs["BLOCK_M"]
+                    p = predicted[name, K, M]
+                    r.update(section="roofline", head=name, V=V, d=d, K=K, M=M, **full,
+                             predicted_ms=p["us"] / 1e3, full_predicted_ms=p["full_us"] / 1e3,
+                             working=programs(K, M, bk, bm)[1], config=str(cfg),
+                             gpu=here.name, copy_tbs=here.copy_tbs)
+                    out_rows.append(r)
+                    _shape_checks(c, r, ks, gpu, here, bk, tol)
+            del w
+    ratios = sorted(r["ms"] / r["predicted_ms"] for r in out_rows)
+    median = ratios[len(ratios) // 2]
+    if gpu:
+        c.check(f"roofline: median measured/predicted within 0.5-2 on {here.name}",
+                0.5 <= median <= 2.0, f"x{median:.2f} (range x{ratios[0]:.2f}-x{ratios[-1]:.2f};"
+                f" predicted from the {here.copy_tbs * 1e3:,.0f} GB/s copy measured here)")
+    else:
+        c.skip("roofline: median measured/predicted within 0.5-2",
+               f"dry run: timings mean nothing (x{median:.0f} here)")
+    _print(out_rows, dtype, here)
     return out_rows
+
+
+def _shape_checks(c, r: dict, ks, gpu: bool, here: Gpu, block_k: int, tol: float) -> None:
+    tag = f"roofline {r['head']} K={r['K']:,} M={r['M']}"
+    c.within(f"{tag}: logits vs a float32 reference", r["rel_err"], tol)
+    if r["K"] == ks[len(ks) // 2] and r["M"] == 1:
+        c.check(f"{tag}: working programs", r["working"] >= (here.sms if gpu else 2),
+                f"{r['working']} (BLOCK_K {block_k}; the {here.name} has {here.sms} SMs)")
+    if r["M"] == 1 and gpu:
+        c.check(f"{tag}: faster than cuBLAS's full head", r["ms"] < r["full_ms"],
+                f"{r['ms'] * 1e3:.1f} us vs {r['full_ms'] * 1e3:.1f} us in a CUDA graph "
+                f"(launched from Python: {r['eager_ms'] * 1e3:.1f} vs "
+                f"{r['full_eager_ms'] * 1e3:.1f})")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--out", default=None, help="write the markdown here")
+    p.add_argument("--gpu", choices=sorted(GPUS), nargs="+", default=["h100", "h200"],
+                   help="the GPUs to predict for (default: both)")
     a = p.parse_args(argv)
-    text = "\n".join([
-        "# Predicted cost of the trimmed head on an H200 (bf16)", "",
+    text = [
+        "# Predicted cost of the trimmed head on an H100 and an H200 (bf16)", "",
         "Command: `python bench/kernel_roofline.py --out bench/results/kernel_roofline.md` "
-        "(arithmetic, no measurement; `python bench/gpu_check.py` prints measured beside it).",
-        "",
+        "(arithmetic, no measurement; `python bench/gpu_check.py` measures the copy bandwidth of "
+        "the GPU it runs on, predicts from it and prints measured beside predicted).", "",
         f"Model: predicted us = {LAUNCH_US} us launch floor (a kernel node replayed in a CUDA "
-        f"graph on an H200, 2-3 us) + max(bytes / {HBM_TBS} TB/s, FLOPs / {TC_TFLOPS:.0f} "
-        "TFLOPS). Trimmed bytes: the K live weight rows (once; the other row blocks of M re-read "
-        f"them from L2), K int64 ids, the M input rows and the compact output M x CAP (CAP = "
-        f"{CAPACITY} for K <= {CAPACITY}, else K: `-inf` is written past the count). The V-wide "
-        "`-inf` fill of `head_full` is not counted: it is a separate fill kernel (another launch "
-        "floor plus its bytes, last column); `head_compact` and `head_topk` do not need it. Full: "
-        "cuBLAS reads all V rows and writes M x V logits. Grid: cdiv(CAP, BLOCK_K) x "
-        "cdiv(M, BLOCK_M) programs, for the config with the smallest BLOCK_K the autotuner may "
-        "pick for M; working: those whose block of ids starts below K (the rest exit at once), "
-        "from the config with the largest BLOCK_K to the one with the smallest. An H200 has "
-        f"{SMS} SMs: fewer working programs than that leave SMs idle and the bandwidth term "
-        "optimistic.", "",
-        table(rows()), ""])
+        f"graph, 2-3 us) + max(bytes / copy bandwidth, FLOPs / {TC_TFLOPS:.0f} TFLOPS). "
+        "Trimmed bytes: the K live weight rows (once; the other row blocks of M re-read them from "
+        f"L2), K int64 ids, the M input rows and the compact output M x CAP (CAP = {CAPACITY} for "
+        f"K <= {CAPACITY}, else K: `-inf` is written past the count). The V-wide `-inf` fill of "
+        "`head_full` is not counted: it is a separate fill kernel (another launch floor plus its "
+        "bytes, last column); `head_compact` and `head_topk` do not need it. Full: cuBLAS reads "
+        "all V rows and writes M x V logits. Grid: cdiv(CAP, BLOCK_K) x cdiv(M, BLOCK_M) "
+        "programs, for the config with the smallest BLOCK_K the autotuner may pick for M; "
+        "working: those whose block of ids starts below K (the rest exit at once), from the "
+        "config with the largest BLOCK_K to the one with the smallest. Fewer working programs "
+        "than the GPU's SMs leave SMs idle and the bandwidth term optimistic."]
+    for key in a.gpu:
+        gpu = GPUS[key]
+        text += ["", f"## {gpu.name}: copy bandwidth {gpu.copy_tbs} TB/s ({gpu.source}), "
+                 f"{gpu.sms} SMs", "", table(rows(gpu.copy_tbs))]
+    text = "\n".join(text + [""])
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)

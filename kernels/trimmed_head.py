@@ -116,8 +116,8 @@ CONFIGS = [
         (64, 128, 64, 8, 3),
     ]
 ]
-# The interpreter cannot time configs ("0 active drivers"), so the tuner gets one per path there;
-# tests run every one of CONFIGS by passing ``config=`` to the launcher.
+# The interpreter cannot time configs ("0 active drivers"): the launcher takes one per path there
+# without the autotuner; tests run every one of CONFIGS by passing ``config=`` to the launcher.
 _INTERPRET_CONFIGS = [triton.Config({"BLOCK_M": 1, "BLOCK_K": 16, "BLOCK_D": 64}),
                       triton.Config({"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_D": 64})]
 
@@ -142,7 +142,7 @@ def prune_configs(configs, named_args, **kwargs):
 
 KERNEL = _trimmed_head_kernel  # the untuned kernel, for builds ahead of time (its GPU check)
 _tuned_kernel = triton.autotune(
-    configs=_INTERPRET_CONFIGS if INTERPRET else CONFIGS,
+    configs=CONFIGS,
     key=["M_BUCKET", "D", "CAP", "SCATTER"],
     prune_configs_by={"early_config_prune": prune_configs},
 )(_trimmed_head_kernel)
@@ -179,14 +179,29 @@ def trimmed_head(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, count
     if hot is not None:  # checked and tuned before: launch the picked config, no autotuner
         _trimmed_head_kernel[hot[1]](*args, **flags, **hot[0])
         return out
-    kernel, meta = (_tuned_kernel, {}) if config is None else \
-        (_trimmed_head_kernel, config.all_kwargs())
     grid = lambda m: (triton.cdiv(CAP, m["BLOCK_K"]), triton.cdiv(R, m["BLOCK_M"]), G)  # noqa: E731
-    kernel[grid](*args, **flags, **meta)
+    if config is None:
+        _tuned_launch(grid, args, flags, x)
+    else:
+        _trimmed_head_kernel[grid](*args, **flags, **config.all_kwargs())
     if sig is not None and best_config() is not None:
         picked = best_config()
         _LAUNCHES[sig] = (picked.all_kwargs(), grid(picked.kwargs))
     return out
+
+
+def _tuned_launch(grid, args, flags, x: torch.Tensor) -> None:
+    """Launch through the autotuner; under the interpreter, which cannot time a config (and
+    triton 3.6's autotuner times even the only one its pruning leaves), with that one config."""
+    if not INTERPRET:
+        _tuned_kernel[grid](*args, **flags)
+        return
+    named = {"M_BUCKET": _m_bucket(x.shape[1]), "x_ptr": x}  # x: [G, R, d]
+    _INTERPRETED[0] = prune_configs(_INTERPRET_CONFIGS, named)[0]
+    _trimmed_head_kernel[grid](*args, **flags, **_INTERPRETED[0].all_kwargs())
+
+
+_INTERPRETED: list = [None]  # the interpreter's last pick, what the autotuner's best_config is
 
 
 # What the launcher checked and the autotuner picked, per launch signature (every shape, stride,
@@ -270,7 +285,10 @@ def launch_args(x, weight, idx, count, bias, scale, softcap, out, scatter, fill_
 
 
 def best_config() -> triton.Config | None:
-    """The config the autotuner picked last (None before any tuned launch)."""
+    """The config the autotuner picked last (None before any tuned launch); under the
+    interpreter, the one config the pruning left at the last tuned launch."""
+    if INTERPRET:
+        return _INTERPRETED[0]
     return getattr(_tuned_kernel, "best_config", None)
 
 

@@ -82,10 +82,24 @@ def test_a_good_call_reaches_the_launch(no_launch):
                                         ("3.10.0", True), ("3.8.0+git1234", True), ("4.0", True)])
 def test_triton_floor_compares_releases_numerically(version, ok):
     if ok:
-        kernels.require_triton(version)
+        kernels.require_triton(version, interpret=False)
     else:
         with pytest.raises(RuntimeError, match=f"triton {version} is older than 3.6"):
-            kernels.require_triton(version)
+            kernels.require_triton(version, interpret=False)
+
+
+@pytest.mark.parametrize("version,numpy_version,ok", [
+    ("3.6.0", "2.4.6", False), ("3.7.1", "2.5.0", False), ("3.6.0", "2.3.5", True),
+    ("3.8.0", "2.4.6", True), ("3.10.0", "3.0.0", True)])
+def test_the_interpreter_refuses_a_triton_that_cannot_run_with_its_numpy(version, numpy_version,
+                                                                          ok):
+    if ok:
+        kernels.require_triton(version, numpy_version, interpret=True)
+        return
+    with pytest.raises(RuntimeError, match=f"triton {version} cannot run with numpy "
+                                           f"{numpy_version}.*'triton>=3.8' or 'numpy<2.4'"):
+        kernels.require_triton(version, numpy_version, interpret=True)
+    kernels.require_triton(version, numpy_version, interpret=False)  # compiled: no interpreter
 
 
 def test_old_triton_is_refused_before_launch(monkeypatch, no_launch):
