@@ -188,7 +188,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", default="out/dcut_bench", help="checkpoints, prompts and results")
     p.add_argument("--tokens", type=int, default=32, help="greedy tokens per request")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                   help="auto: bfloat16 where this CPU has native bf16, else float32")
     p.add_argument("--memory", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
     p.add_argument("--vllm-python", default=os.path.join(ROOT, ".venv-vllm", "bin", "python"),
                    help="the Python of the venv with trimpass[vllm]")
@@ -199,6 +200,8 @@ def main() -> None:
         return serve(a)
     results = os.path.join(a.dir, "results.json")
     if not a.report:
+        from trimpass import dtypes
+        dtypes.settle(a, spelled=("bfloat16", "float32"))
         if not os.path.exists(os.path.join(a.dir, "prompts.json")):
             subprocess.run([sys.executable, os.path.join(HERE, "vllm_tokens.py"), "--prepare",
                             "--dir", a.dir, "--prompts", "64"], check=True)

@@ -25,7 +25,8 @@ def _args(argv=None):
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1024, help="the prompt's tokens")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="model dtype (auto: bf16 where this CPU has native bf16, else fp32)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each route, in turn")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args(argv)
@@ -81,13 +82,14 @@ def main(argv=None) -> int:
     import transformers
 
     import trimpass
+    from trimpass import dtypes
     from trimpass.hf import gemma as G
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from lengths import prompts
     transformers.logging.set_verbosity_error()
     if a.threads:
         torch.set_num_threads(a.threads)
-    model = G.load_model({"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype])
+    model = G.load_model(dtypes.settle(a))
     tok = G.GGUFTokenizer()
     warm, timed = (torch.tensor([p]) for p in prompts(tok, [a.tokens - 100, a.tokens]))
     draft = trimpass.self_drafter(model)

@@ -31,7 +31,8 @@ def _args(argv=None):
     ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens per prompt")
     ap.add_argument("--prompt-tokens", type=int, default=320, help="prompt length cap")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="model dtype (auto: bf16 where this CPU has native bf16, else fp32)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy; above 0: every row samples at this temperature")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
     a = _args(argv)
     import transformers
 
+    from trimpass import dtypes
     from trimpass.hf import gemma as G
     from trimpass.measure import compiled_graphs
     transformers.logging.set_verbosity_error()
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log = logging.getLogger("bench.hybrid")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    dtype = dtypes.settle(a)
     model = G.load_model(dtype)
     sets = prompt_sets(G.GGUFTokenizer(), a.prompts, a.prompt_tokens)
     rows = _rows(model, a.new_tokens, a.temperature)

@@ -33,7 +33,8 @@ def _args(argv=None):
     ap.add_argument("--shortest", type=int, default=8, help="the shortest prompt's tokens")
     ap.add_argument("--longest", type=int, default=1024, help="the longest prompt's tokens")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens per prompt")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="model dtype (auto: bf16 where this CPU has native bf16, else fp32)")
     ap.add_argument("--out", default="out", help="folder for lengths_<dtype>.png")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args(argv)
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
     a = _args(argv)
     import transformers
 
+    from trimpass import dtypes
     from trimpass.hf import divergence
     from trimpass.hf import gemma as G
     from trimpass.measure import compiled_graphs
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     log = logging.getLogger("bench.lengths")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    dtype = dtypes.settle(a)
     model = G.load_model(dtype)
     tok = G.GGUFTokenizer()
     want = lengths(a.prompts + 1, a.shortest, a.longest)

@@ -24,7 +24,8 @@ def _args(argv=None):
     ap.add_argument("--prompts", type=int, default=8, help="held-out ShareGPT prompts")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--prompt-tokens", type=int, default=96, help="prompt length cap")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="model dtype (auto: bf16 where this CPU has native bf16, else fp32)")
     ap.add_argument("--inner", default="inductor", choices=["inductor", "aot_eager"],
                     help="the inner compiler of every compiled row")
     ap.add_argument("--out", default="out", help="folder for peers_<dtype>.png")
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
     import transformers
 
     import trimpass
+    from trimpass import dtypes
     from trimpass.hf import gemma as G
     from trimpass.progress import progress
     from trimpass.select.corpora import held_out_prompts
@@ -132,7 +134,7 @@ def main(argv=None) -> int:
     # three drafters and the fused loops compile the same HF forward code: Dynamo's default of 8
     # graphs per code object would send the later ones back to eager, untrimmed
     torch._dynamo.config.recompile_limit = 64
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    dtype = dtypes.settle(a)
     model = G.load_model(dtype)
     prompts = [torch.tensor([p]) for p in held_out_prompts(G.GGUFTokenizer(), a.prompts,
                                                            a.prompt_tokens)]

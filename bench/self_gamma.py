@@ -29,7 +29,8 @@ def _args(argv=None):
                     "threshold (at most --confidence-max tokens)")
     ap.add_argument("--confidence-max", type=int, default=16,
                     help="the longest draft with --dynamic")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="model dtype (auto: bf16 where this CPU has native bf16, else fp32)")
     ap.add_argument("--inner", default="inductor", choices=["inductor", "aot_eager"],
                     help="the drafter's inner compiler")
     ap.add_argument("--out", default="out", help="folder for self_gamma.png")
@@ -70,13 +71,14 @@ def main(argv=None) -> int:
     import transformers
 
     import trimpass
+    from trimpass import dtypes
     from trimpass.hf import assisted, exact
     from trimpass.hf import gemma as G
     from trimpass.loops.stats import LoopStats
     from trimpass.select.corpora import held_out_prompts
     from trimpass.testing.checks import head_runs
     transformers.logging.set_verbosity_error()
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    dtype = dtypes.settle(a)
     plain = G.load_model(dtype)
     model = plain
     if dtype == torch.bfloat16:

@@ -24,7 +24,8 @@ def _args(argv=None):
     ap.add_argument("--gamma", type=int, default=8, help="most tokens drafted a round")
     ap.add_argument("--confidence", type=float, default=0.4,
                     help="stop drafting below this confidence (0: always gamma)")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="model dtype")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="model dtype (auto: bf16 where this CPU has native bf16, else fp32)")
     a = ap.parse_args(argv)
     for name in ("prompts", "new_tokens", "prompt_tokens", "gamma"):
         if getattr(a, name) < 1:
@@ -41,10 +42,11 @@ def main(argv=None) -> int:
     import transformers
 
     import trimpass
+    from trimpass import dtypes
     from trimpass.hf import gemma as G
     transformers.logging.set_verbosity_error()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    model = G.load_model({"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype])
+    model = G.load_model(dtypes.settle(a))
     sets = hybrid.prompt_sets(G.GGUFTokenizer(), a.prompts, a.prompt_tokens)
     V = model.get_output_embeddings().weight.shape[0]
     kw = dict(lookup=False, gamma=a.gamma, confidence=a.confidence)

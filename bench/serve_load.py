@@ -144,7 +144,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=1500, help="good requests planned")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--sampled", type=float, default=0.0, help="fraction at temperature 0.8")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                   help="auto: bfloat16 where this CPU has native bf16, else float32")
     p.add_argument("-k", type=int, default=4, help="tokens drafted per proposal")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--memory", type=float, default=0.3, help="vLLM's gpu_memory_utilization")
@@ -156,6 +157,8 @@ def main() -> None:
     p.add_argument("--out", default=None,
                    help="bench/results/serve_load.md (serve_load-<dtype>.md for another dtype)")
     a = p.parse_args()
+    from trimpass import dtypes
+    dtypes.settle(a, spelled=("bfloat16", "float32"))
     configs = a.configs.split(",")
     bad = sorted(set(configs) - set(CONFIGS))
     if bad:

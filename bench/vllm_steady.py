@@ -121,7 +121,9 @@ def main() -> None:
                    help=f"of {', '.join(NAMES)}")
     p.add_argument("--bf16-only", default="self-untrimmed",
                    help="configurations run in bfloat16 only (its target is set in bf16)")
-    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--dtypes", default="auto",
+                   help="a comma list of bfloat16, float32, auto (bfloat16 where this CPU has "
+                   "native bf16, else float32)")
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--tokens", type=int, default=128, help="greedy tokens per request")
     p.add_argument("--repeat", type=int, default=2, help="runs of each concurrency in a row")
@@ -143,8 +145,15 @@ def main() -> None:
     if "none" not in configs:
         p.error("argument --configs: 'none' is needed, every ratio is against it")
     dtypes = a.dtypes.split(",")
-    if not set(dtypes) <= {"bfloat16", "float32"}:
-        p.error("argument --dtypes: bfloat16 and/or float32")
+    if not set(dtypes) <= {"bfloat16", "float32", "auto"}:
+        p.error("argument --dtypes: bfloat16, float32 and/or auto")
+    if "auto" in dtypes:
+        from trimpass.dtypes import fast
+        best = fast()
+        print(f"--dtypes auto: {best.name} ({best.why})", flush=True)
+        dtypes = list(dict.fromkeys(d if d != "auto" else
+                                    {"bf16": "bfloat16", "fp32": "float32"}[best.name]
+                                    for d in dtypes))
     try:
         conc = [int(c) for c in a.concurrency.split(",")]
     except ValueError:

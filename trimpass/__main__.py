@@ -148,10 +148,13 @@ def _demo_args(d) -> None:
                    help="the drafter's trained weights: 'shipped' (trained for acceptance, ships "
                    "with trimpass), a drafter.safetensors from `trimpass train`, or 'none' (the "
                    "untrained truncation)")
-    d.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16",
-                   help="target and drafter dtype; in bf16 (faster here: AMX verifies 5 tokens "
-                   "for about the cost of 1) the target verifies row-invariantly "
-                   "(trimpass.hf.exact), so the output stays identical to its own decoding")
+    d.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="target and drafter dtype; auto: bf16 on CUDA and on a CPU with native "
+                   "bf16 (AMX or AVX-512 BF16: 5 tokens verified for about the cost of 1), else "
+                   "fp32 (without it several-row bf16 products are emulated and slow); in bf16 "
+                   "the target verifies row-invariantly (trimpass.hf.exact), so the output stays "
+                   "identical to its own decoding; in fp32 each divergence is explained (near-tie "
+                   "or not)")
     d.add_argument("--inner", default="inductor", choices=["inductor", "aot_eager", "eager"],
                    help="inner compiler for both drafters: inductor (trimpass.trim's default, "
                    "what a user gets) or aot_eager (compiles in half the time)")

@@ -4,13 +4,14 @@ The target is Gemma-3-270M at full vocabulary; the drafter is its first ``--laye
 with the tied head (a self-speculative drafter) and, by default, the trained weights that ship with
 trimpass (``--drafter``), compiled with the same inner compiler plainly and through trimpass (zero
 configuration: the dynamic vocabulary with its learned core; and the context alone, without the
-learned core), in bf16 by default (``--dtype``), where the target verifies row-invariantly
+learned core), in the dtype this device is fast in (``--dtype auto``: bf16 on CUDA and on a CPU with
+native bf16, else fp32; :mod:`trimpass.dtypes`). In bf16 the target verifies row-invariantly
 (:mod:`trimpass.hf.exact`) so the output is bit for bit its own decoding's. ``generate`` is called
 as a user would, on ShareGPT prompts. Printed: draft ms per call, a per-round breakdown (draft ms +
 verify ms -> MAT), acceptance, tokens/s, and each drafter's speedup over the plain target run in
-turn with it, prompt by prompt (that target's tokens/s printed beside it), lossless ✓/✗ (the fused
-loop verifies lookup drafts in a batched pass, which rounds otherwise than its one-token reference:
-each output that differs is shown to be a near-tie or marks ✗, :mod:`trimpass.hf.divergence`),
+turn with it, prompt by prompt (that target's tokens/s printed beside it), lossless ✓/✗ (a batched
+verification rounds otherwise than one-token decoding: the fused loop's always, Hugging Face's in
+fp32; each output that differs is shown to be a near-tie or marks ✗, :mod:`trimpass.hf.divergence`),
 which model ran; a PNG shows the speedups, draft ms per call and MAT. If the model package is
 missing, a small random-weight Gemma-3 stands in, and the table says so. Each phase (loading, each
 route's compile, each prompt) logs a timestamped line on stderr as it ends, with about how long the
@@ -30,7 +31,7 @@ import time
 import torch
 
 import trimpass
-from trimpass import measure
+from trimpass import dtypes, measure
 from trimpass.hf import assisted, divergence, exact
 from trimpass.hf import gemma as G
 from trimpass.loops.stats import LoopStats
@@ -132,14 +133,26 @@ def _alone(target, prompts, max_new, name, refs, plan) -> tuple[LoopStats, list]
 
 def _side_by_side(plain, model, draft, prompts, max_new, label, refs, track, plan):
     """The plain target alone and the drafter on each prompt in turn, so that the machine's load
-    drifts alike for both; returns (the drafter's stats, the plain target's)."""
-    st, alone = LoopStats(label), LoopStats("target alone, beside")
+    drifts alike for both; returns (the drafter's stats, the plain target's, its outputs)."""
+    st, alone, outs = LoopStats(label), LoopStats("target alone, beside"), []
     for k, p in enumerate(progress(prompts, desc=f"{label} and the target, prompt by prompt")):
         with plan.step(f"{label}: prompt {k + 1}/{len(prompts)}, the target beside", calls=2):
             alone.merge(assisted.run(plain, None, [p], max_new, alone.name)[0])
-            st.merge(assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
-                                  on_draft_call=track)[0])
-    return st, alone
+            one, out = assisted.run(model, draft, [p], max_new, label, refs[k:k + 1],
+                                    on_draft_call=track)
+            st.merge(one)
+            outs += out
+    return st, alone, outs
+
+
+def _explained(model, prompts, refs, outs) -> divergence.Tally:
+    """Each assisted output against the target's own decoding: identical, a near-tie (Hugging
+    Face's batched verification rounds otherwise than one-token decoding: fp32, or bf16 without
+    row-invariant verification) or a bug."""
+    tally = divergence.Tally()
+    for p, ref, out in zip(prompts, refs, outs, strict=True):
+        tally.add(model, len(p), ref, out)
+    return tally
 
 
 def _state_ms(draft, device, reps: int = 256) -> float | None:
@@ -233,9 +246,11 @@ def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, d
             track = functools.partial(_track_active, draft, act)
         assisted.warm_up(model, draft, prompts)
     before, graphs = head_ops(), assisted.compiled_graphs()
-    st, beside = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs, track,
-                               plan)
+    st, beside, outs = _side_by_side(plain, model, draft, prompts, args.new_tokens, label, refs,
+                                     track, plan)
     head_runs, recompiles = head_ops() - before, assisted.compiled_graphs() - graphs
+    own = _explained(model, prompts, refs, outs)  # after the timing: it replays the target
+    st.lossless = own.lossless
     state_ms = _state_ms(draft, device) if cfg is not None else None
     rounds = max(st.rounds, 1)
     return dict(name=label, draft_ms=st.draft_ms, mat=st.mat, accept=st.acceptance,
@@ -245,7 +260,7 @@ def _run_variant(label, cfg, base_draft, plain, model, prompts, refs, args, V, d
                 active=statistics.mean(act) if act else V,
                 state=None if state_ms is None else state_ms / st.draft_ms,
                 draft_calls=st.draft_calls, head_runs=head_runs, target_tps=beside.tokens_per_s,
-                recompiles=recompiles, trimmed=cfg is not None)
+                recompiles=recompiles, trimmed=cfg is not None, own=own)
 
 
 def _run_fused(plain, prompts, args, device, plan) -> dict:
@@ -332,7 +347,7 @@ def _print_table(rows, first, plain_st, target_st, V) -> None:
               f"{vs} | {share} | {r['draft_round']:.0f} + "
               f"{r['verify_round']:.0f} -> {r['mat']:.2f} | {r['accept']:.2f} | {r['tps']:.2f} | "
               f"{r['target_tps']:.2f} | x{r['tps'] / r['target_tps']:.2f} | "
-              f"{r['own'].mark() if r.get('fused') else '✓' if r['lossless'] else '✗'} |")
+              f"{r['own'].mark()} |")
 
 
 def main(args) -> int:
@@ -344,9 +359,12 @@ def main(args) -> int:
 def _main(args) -> int:
     import transformers
     transformers.logging.set_verbosity_error()  # generate()'s deprecation chatter, per call
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model, tok, name = _model(dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype, why, warning = dtypes.resolve(args.dtype, device)
+    print(why, flush=True)
+    if warning:
+        log.warning("warning: %s", warning)
+    model, tok, name = _model(dtype)
     model.to(device)
     plain = model  # what a user runs without trimpass: every speedup is against it
     if dtype == torch.bfloat16:  # the target verifies row-invariantly: lossless in bf16
@@ -400,7 +418,15 @@ def _main(args) -> int:
               "(trimpass.hf.exact; bf16 batched verification otherwise rounds differently from "
               "one-token decoding); speedups are against the plain target, whose output was "
               f"{'the same' if same else 'different (near-ties rounded otherwise)'}")
+    else:
+        print("lossless: each assisted output against the target decoding alone; in fp32 "
+              "there is no row-invariant verification (bf16 only), so Hugging Face's batched "
+              "verification may round a near-tie otherwise than one-token decoding; each "
+              "divergence is a near-tie where the gap between the two tokens' logits lies within "
+              "how far the two computations differ there, else a bug (✗)")
     for r in rows:
+        if not r.get("fused") and (r["own"].ties or r["own"].bugs):
+            print(f"{r['name']} against the target alone: {r['own']}")
         if r.get("fused"):
             look, own = r["sources"]["lookup"], r["sources"]["self"]
             print(f"fused loop: trimpass.generate's defaults, lookup drafts of up to "
