@@ -73,25 +73,26 @@ class Row:
 
 def _rows(model, n, temperature):
     import trimpass
-    from trimpass.hf import lookup
+    from trimpass.hf.fused import FusedLoop
+    from trimpass.spec.drafts import Drafts
+    from trimpass.spec.proposers.lookup import LookupProposer
     # the same distribution in every row: HF's generation_config may carry a top-k and a top-p
     sample = dict(do_sample=True, temperature=temperature) if temperature else dict(do_sample=False)
     hf = dict(sample, top_k=0, top_p=1.0) if temperature else sample
 
-    class NoMatch(lookup.Lookup):
-        def propose(self, limit):
-            super().propose(limit)  # its cost, its answer discarded
-            return [], 0
+    class NoMatch(LookupProposer):
+        def draft(self, *args, **kw):
+            return Drafts.empty(len(super().draft(*args, **kw)))  # its cost, not its drafts
 
     def fused(**kw):
         return lambda ids: trimpass.generate(model, ids, n, **sample, **kw)
 
-    def control(ids):
-        real, lookup.Lookup = lookup.Lookup, NoMatch
+    def control(ids):  # the loop's proposer class, for this call only
+        FusedLoop.proposer = NoMatch
         try:
             return trimpass.generate(model, ids, n, lookup=14, **sample)
         finally:
-            lookup.Lookup = real
+            FusedLoop.proposer = LookupProposer
 
     return [
         Row("plain target (HF generate)",
@@ -125,6 +126,7 @@ def main(argv=None) -> int:
     import transformers
 
     from trimpass import dtypes
+    from trimpass.diagnostics.replay import Tracer
     from trimpass.hf import gemma as G
     from trimpass.measure import compiled_graphs
     transformers.logging.set_verbosity_error()
@@ -140,6 +142,8 @@ def main(argv=None) -> int:
         log.info("warm-up: %s", r.name)
         r.run(torch.tensor(sets["warm"]))
         r.prev = model._trimpass_fused.stats.as_dict() if r.loop_key is not None else None
+        if r.loop_key is not None:  # each timed call's computation, to replay a divergence
+            Tracer.attach(model._trimpass_fused)
     started, total = time.perf_counter(), sum(len(sets[s]) for s in SETS)
     done = 0
     for s in SETS:
@@ -157,7 +161,7 @@ def main(argv=None) -> int:
                 r.outs.setdefault(s, []).append(out)
                 if r.loop_key is not None:  # this row's own loop's counters, this call's share
                     loop = model._trimpass_fused
-                    r.replays.setdefault(s, []).append((loop, loop.trace))
+                    r.replays.setdefault(s, []).append((loop, Tracer.attach(loop).trace))
                     st = loop.stats.as_dict()
                     d = {key: st[key] - r.prev[key] for key in ("body_steps", "batched_passes")}
                     r.passes[s] = r.passes.get(s, 0) + d["body_steps"] + d["batched_passes"]
@@ -175,7 +179,7 @@ def _divergences(model, rows, a, s, prompts) -> dict:
     model's eager logits. Row name -> ``divergence.Tally``."""
     from lengths import explain_compiled
 
-    from trimpass.hf import divergence
+    from trimpass.diagnostics import divergence
     plain, found = rows[0], {}
     for r in rows[1:]:
         if r.loop_key is not None:

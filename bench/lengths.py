@@ -7,8 +7,8 @@ assisted generation with the model drafting for itself (``trimpass.self_drafter`
 ``trimpass.warm_up``), and Hugging Face prompt lookup. Each prompt runs every route in turn, so the
 machine's load drifts alike for all. Per route: tokens/s against plain, graphs compiled after the
 warm-up, the warm-up's seconds and graphs, and every divergence from plain greedy explained
-(``trimpass.hf.divergence``: a near-tie or not, its gap in ulps; eagerly for Hugging Face's routes,
-through its compiled body for the fused loop, as the demo does). Prints a markdown table and
+(``trimpass.diagnostics.divergence``: a near-tie or not, its gap in ulps; eagerly for Hugging Face's
+routes, through its compiled body for the fused loop, as the demo does). Prints a markdown table and
 writes a PNG of tokens/s against prompt length.
 
     python bench/lengths.py --dtype bf16
@@ -116,7 +116,7 @@ def explain_compiled(model, stream, outs, plain_outs, n, replays):
     near-tie when every stage that differs is; its gap is the worse stage's
     (``divergence.worst``)."""
     import trimpass
-    from trimpass.hf import divergence
+    from trimpass.diagnostics import divergence
     t = divergence.Tally()
     for p, out, hf, replay in zip(stream, outs, plain_outs, replays, strict=True):
         if out is p:  # a crash's output is its prompt
@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     import transformers
 
     from trimpass import dtypes
-    from trimpass.hf import divergence
+    from trimpass.diagnostics import divergence
+    from trimpass.diagnostics.replay import Tracer
     from trimpass.hf import gemma as G
     from trimpass.measure import compiled_graphs
     transformers.logging.set_verbosity_error()
@@ -178,6 +179,8 @@ def main(argv=None) -> int:
             r.warm()
         r.run(warm)
         r.warm_s, r.warm_graphs = time.perf_counter() - t, compiled_graphs() - g
+        if r.compiled:  # each timed call's computation, to replay a divergence
+            Tracer.attach(model._trimpass_fused)
     started = time.perf_counter()
     for k, p in enumerate(stream):
         for r in routes:
@@ -195,7 +198,8 @@ def main(argv=None) -> int:
             r.per_prompt.append((max(n, 1), dt))
             r.outs.append(out)
             if r.compiled:  # the loop of this very call, and its trace, to replay
-                r.replays.append((model._trimpass_fused, model._trimpass_fused.trace))
+                loop = model._trimpass_fused
+                r.replays.append((loop, Tracer.attach(loop).trace))
         left = (time.perf_counter() - started) / (k + 1) * (len(stream) - k - 1)
         log.info("prompt %d/%d (%d tokens) done; about %.0f s left", k + 1, len(stream),
                  p.shape[1], left)

@@ -51,6 +51,7 @@ def _rows(model, a):
     from trimpass.hf import gemma as G
     from trimpass.hf.selfdraft import shared_copy
     from trimpass.models import drafter_beside
+    from trimpass.spec.config import SelfDraftConfig
     n, inner = a.new_tokens, a.inner
 
     def hf(**kw):
@@ -61,7 +62,7 @@ def _rows(model, a):
 
     shipped = G.truncated(drafter_beside(model, 2, "shipped"), 2)
     trimpass.trim(shipped, inner=inner)
-    untrimmed = shared_copy(model, 16, 0.4)
+    untrimmed = shared_copy(model, SelfDraftConfig())
     assisted.compile_drafter(untrimmed, inner)
     trimmed = trimpass.self_drafter(model, inner=inner)
     return [
@@ -83,14 +84,14 @@ def _body_ms(model, prompt, inner) -> float:
     import trimpass
     from trimpass import measure
     trimpass.generate(model, prompt, 2, speculate=False, inner=inner)
-    loop = model._trimpass_fused
-    loop._fresh_cache(prompt.shape[1], 2)
-    loop._prefill(prompt)
+    body = model._trimpass_fused.body
+    body.fresh_cache(prompt.shape[1], 2)
+    body.prefill(prompt)
     P, token = prompt.shape[1], prompt[:, -1:]
 
     def step():
-        loop._rollback(P)
-        loop._run(token, P)
+        body.rollback(P)
+        body.run(token, P)
 
     with torch.no_grad():
         return measure.median_ms(step, torch.device("cpu"))

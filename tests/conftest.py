@@ -26,6 +26,15 @@ def _seed():
     torch.manual_seed(1234)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_dynamo():
+    """Each test module starts with Dynamo's caches empty: Hugging Face models share their
+    forward's decorator code object, and Dynamo keeps at most ``recompile_limit`` graphs per code
+    object in a process, so the modules a worker ran before (an order pytest-xdist picks) would
+    otherwise decide whether a later module's drafter compiles at all."""
+    torch._dynamo.reset()
+
+
 def pytest_collection_modifyitems(config, items):
     """Modules with a test marked ``slow`` (the real Gemma) first, in their order: run in
     parallel (``tests/run``: ``-n 2 --dist loadfile``), the longest start at once instead of

@@ -16,14 +16,14 @@ pytestmark = pytest.mark.slow
 
 def test_demo_runs_the_real_model_and_prints_a_lossless_table(tmp_path, capsys, monkeypatch):
     from trimpass.__main__ import main
-    from trimpass.hf import divergence
+    from trimpass.diagnostics import divergence, replay
     explain = divergence.fused_stages
 
     def replaying(model, body, prompt, *args):
         # explaining a divergence replays the call, trimmed head included; these prompts may not
         # diverge, so replay one row anyway: the counts below must not include it
         loop, trace = args[-1]
-        loop.replayed(trace, prompt - 1)
+        replay.replayed(loop, trace, prompt - 1)
         return explain(model, body, prompt, *args)
 
     monkeypatch.setattr(divergence, "fused_stages", replaying)

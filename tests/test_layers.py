@@ -24,7 +24,7 @@ FLOORS = {
     "graph": 5, "models": 5,
     "backend": 6,
     "serving": 7, "headbench": 7,
-    "select": 8, "testing": 8,
+    "select": 8, "testing": 8, "diagnostics": 8,
     "train": 9,
     "trimpass": 10,
     "demo": 11,

@@ -157,20 +157,25 @@ def observe(draft, target_logits_or_ids: torch.Tensor, k: int = 3) -> None:
     _state(draft, "observe").observe(target_logits_or_ids, k)
 
 
-def self_drafter(model, gamma: int = 16, confidence: float = 0.4, **config):
+def self_drafter(model, gamma: int | None = None, confidence: float | None = None, **config):
     """``model`` as its own drafter: an assistant for ``model.generate(..., assistant_model=...)``
     that shares every parameter and buffer with ``model`` (no copy), keeps its own trimpass state,
     KV cache and generation config, and drafts through its own trimmed head, verified by
     ``model``'s full head: up to ``gamma`` tokens a round, stopping where the trimmed confidence
     drops below ``confidence`` (0: always ``gamma``). ``config`` is :class:`TrimConfig`'s
     (zero-config by default). Any Hugging Face causal LM with a ``[V, d]`` head, tied or not, all
-    of its layers. Hugging Face's assisted generation takes batch 1 only. The defaults measured
-    best with the real Gemma-3-270M (x1.58 the plain target, against x1.47 at a fixed 4 and x1.54
-    at 6; ``bench/results/self_gamma.md``)."""
+    of its layers. Hugging Face's assisted generation takes batch 1 only. The defaults
+    (:class:`~trimpass.spec.config.SelfDraftConfig`'s: 16 and 0.4) measured best with the real
+    Gemma-3-270M (x1.58 the plain target, against x1.47 at a fixed 4 and x1.54 at 6;
+    ``bench/results/self_gamma.md``)."""
     from trimpass.hf.selfdraft import shared_copy
     from trimpass.hf.upcast import RowsBackend
+    from trimpass.spec.config import SelfDraftConfig
+    d = SelfDraftConfig()
+    settings = SelfDraftConfig(d.gamma if gamma is None else gamma,
+                               d.confidence if confidence is None else confidence)
     be = make_backend(**config)  # the settings checked before anything is built
-    draft = shared_copy(model, gamma, confidence)
+    draft = shared_copy(model, settings)
     draft._trimpass_backend = be
     # every length symbolic from the first call: HF's loop calls the drafter with prompts, steps
     # and catch-ups of any length over a cache of any length, each a new static graph otherwise;
@@ -196,7 +201,9 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     ``lookup`` (default True) adds free drafts from the text repeating itself: where the text's
     suffix occurred before, the tokens that followed it (up to 15, or ``lookup`` tokens) are
     verified in one batched body pass, chosen per round over the trimmed self-draft by expected
-    tokens per ms (:mod:`trimpass.hf.lookup`); ``lookup=False`` drafts with the trimmed head alone.
+    tokens per ms (:mod:`trimpass.hf.lookup`); ``lookup=False`` drafts with the trimmed head alone
+    (a dict of :class:`~trimpass.spec.config.LookupConfig`'s fields, or one, sets more). The
+    settings are checked once, as a :class:`~trimpass.spec.config.GenerateConfig`.
     ``output_cache`` (an :class:`OutputCache`; default None, off) adds this model's earlier outputs
     as lookup sources, and keeps this call's: off by default, since it lets one request's text
     draft for another.
@@ -204,26 +211,28 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
     from trimpass.hf import buckets, fused, fused_checks
+    from trimpass.hf.sampler import Sampler
+    from trimpass.spec.config import GenerateConfig
     fused_checks.check_model(model)
-    fused_checks.check_call(input_ids, attention_mask, max_new_tokens, do_sample, temperature,
-                            top_k, top_p)
+    fused_checks.check_call(input_ids, attention_mask, max_new_tokens)
+    settings = GenerateConfig.of(gamma, confidence, lookup, do_sample=do_sample,
+                                 temperature=temperature, top_k=top_k, top_p=top_p)
     buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model))
-    tokens = fused_checks.lookup_tokens(lookup)
-    fused_checks.check_output_cache(output_cache, tokens, model)
-    loop = _fused_loop(model, gamma, confidence, speculate, tokens, config)
+    fused_checks.check_output_cache(output_cache, settings.lookup_tokens, model)
+    loop = _fused_loop(model, settings, speculate, config)
     model._trimpass_fused = loop  # the one stats(model) reports
-    sampler = fused.Sampler(temperature, top_k, top_p) if do_sample else None
-    return loop.generate(input_ids, max_new_tokens, sampler, fused.eos_ids(model), output_cache)
+    return loop.generate(input_ids, max_new_tokens, Sampler.of(settings.sampling),
+                         fused.eos_ids(model), output_cache)
 
 
-def _fused_loop(model, gamma, confidence, speculate, lookup_tokens, config):
-    """The fused loop of ``model`` for one setting, built on its first use and kept on the model."""
-    from trimpass.hf import fused, selfdraft
-    gamma = fused.GAMMA if gamma is None else gamma
-    confidence = fused.CONFIDENCE if confidence is None else confidence
-    selfdraft.check_schedule(gamma, confidence)
-    key = (gamma, float(confidence), bool(speculate), lookup_tokens,
-           repr(sorted(config.items())))
+def _fused_loop(model, settings, speculate, config):
+    """The fused loop of ``model`` for one setting (its sampling aside), built on its first use and
+    kept on the model."""
+    from dataclasses import replace
+
+    from trimpass.hf import fused
+    from trimpass.spec.config import Sampling
+    key = (replace(settings, sampling=Sampling()), bool(speculate), repr(sorted(config.items())))
     loops = model.__dict__.setdefault("_trimpass_loops", {})
     if key not in loops:  # each setting compiles its own step once, kept for its next call
         be = make_backend(**config)
@@ -232,8 +241,7 @@ def _fused_loop(model, gamma, confidence, speculate, lookup_tokens, config):
         def plain(gm, example_inputs):
             return compile_inner(gm, example_inputs, cfg.inner, cfg.mode, cfg.options)
 
-        loops[key] = fused.FusedLoop(model, gamma, confidence, speculate, be, plain,
-                                     lookup_tokens)
+        loops[key] = fused.FusedLoop(model, settings, speculate, be, plain)
     return loops[key]
 
 
@@ -245,6 +253,7 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
     does it too); ``warm_up(model, draft)`` with ``draft = self_drafter(model)`` warms Hugging
     Face's assisted generation with that drafter (its first ``generate`` does not: call this)."""
     from trimpass.hf import fused_checks, selfdraft
+    from trimpass.spec.config import GenerateConfig
     fused_checks.check_model(model)
     if draft is not None:
         if gamma is not None or confidence is not None or config or not speculate \
@@ -253,8 +262,8 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
                                 "model and draft")
         return selfdraft.warm_up(model, draft)
     with torch.no_grad():
-        return _fused_loop(model, gamma, confidence, speculate,
-                           fused_checks.lookup_tokens(lookup), config).warm_up()
+        return _fused_loop(model, GenerateConfig.of(gamma, confidence, lookup), speculate,
+                           config).warm_up()
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

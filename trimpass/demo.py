@@ -32,7 +32,9 @@ import torch
 
 import trimpass
 from trimpass import dtypes, measure
-from trimpass.hf import assisted, divergence, exact
+from trimpass.diagnostics import divergence
+from trimpass.diagnostics.replay import Tracer
+from trimpass.hf import assisted, exact
 from trimpass.hf import gemma as G
 from trimpass.loops.stats import LoopStats
 from trimpass.progress import logged, progress
@@ -285,6 +287,7 @@ def _run_fused(plain, prompts, args, device, plan) -> dict:
         gen(ids[0])  # its first call compiles every graph it runs, and makes it stats(plain)'s
     loop = plain._trimpass_fused
     loop.stats = FusedStats("fused")  # counters of the timed runs only
+    tracer = Tracer.attach(loop)  # each call's computation, to explain a divergence after
     before, graphs = head_ops(), assisted.compiled_graphs()
     st, beside, outs, act = LoopStats(FUSED), LoopStats("target alone, beside"), [], []
     hf_same = 0
@@ -296,7 +299,7 @@ def _run_fused(plain, prompts, args, device, plan) -> dict:
                 t0 = time.perf_counter()
                 out = gen(x)
                 st.seconds += time.perf_counter() - t0
-            outs.append((out, hf, (loop, loop.trace)))
+            outs.append((out, hf, (loop, tracer.trace)))
             act.append(trimpass.stats(plain)["drafter"]["active"][0])
     f = trimpass.stats(plain)
     # counted before the explanations below: a replay runs the trimmed head again

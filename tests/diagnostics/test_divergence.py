@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.graph.test_hf import SMALL, V
-from trimpass.hf import divergence
+from trimpass.diagnostics import divergence, replay
 
 
 def _model():
@@ -104,7 +104,7 @@ def test_the_fused_loops_own_logits_are_the_models_both_ways():
     model, ids, out, loop = _fused_reference(11, 6)
     with torch.no_grad():
         want = model(out[:, :15]).logits[0, -1]
-    steps, batched = loop.logits(out[:, :15], 11), loop.logits(out[:, :15], 15)
+    steps, batched = replay.logits(loop, out[:, :15], 11), replay.logits(loop, out[:, :15], 15)
     assert steps.shape == batched.shape == (V,)
     torch.testing.assert_close(steps, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(batched, want, rtol=1e-4, atol=1e-4)
@@ -112,8 +112,8 @@ def test_the_fused_loops_own_logits_are_the_models_both_ways():
     # a route given its own ways: a token far below the top is still a bug
     far = out.clone()
     far[0, 15] = int(want.argmin())
-    d = divergence.explain(model, 11, out, far, loop.logits,
-                           lambda p, _: loop.logits(p, p.shape[1]))
+    d = divergence.explain(model, 11, out, far, lambda p, k: replay.logits(loop, p, k),
+                           lambda p, _: replay.logits(loop, p, p.shape[1]))
     assert d.position == 4 and not d.near_tie and d.spread < 1e-3
 
 
@@ -141,7 +141,8 @@ def test_a_fused_output_is_explained_through_the_loops_body_in_two_stages():
         far[0, 15] = int(model(ref[:, :15]).logits[0, -1].argmin())
     own, eager = divergence.fused_stages(model, loop, 13, plain, ref, far)
     assert own.position == 2 and not own.near_tie  # the route left its reference: a bug
-    assert eager == divergence.explain(model, 13, plain, ref, route_way=loop.logits)
+    assert eager == divergence.explain(model, 13, plain, ref,
+                                       route_way=lambda p, k: replay.logits(loop, p, k))
     assert divergence.fused_stages(model, loop, 13, plain, ref, ref.clone())[0] is None
 
 
@@ -153,24 +154,26 @@ def test_a_fused_call_replays_bit_for_bit_and_a_token_its_logits_do_not_rank_fir
     torch._dynamo.reset()
     model = _model()
     ids = torch.randint(0, V, (1, 12)).repeat(1, 3)  # text that repeats itself: lookup drafts
-    out = trimpass.generate(model, ids, 24, inner="aot_eager")
+    trimpass.generate(model, ids, 24, inner="aot_eager")  # builds the loop
     loop, P = model._trimpass_fused, ids.shape[1]
-    trace = list(loop.trace)
+    tracer = replay.Tracer.attach(loop)  # the hook: the loop imports nothing of it
+    out = trimpass.generate(model, ids, 24, inner="aot_eager")
+    trace = list(tracer.trace)
     st = trimpass.stats(model)["sources"]
     assert st["lookup"]["rounds"] > 0 and st["self"]["rounds"] > 0, st  # both kinds replayed
     assert {e[0] for e in trace} == {"cache", "rollback", "pass"}
     for i in range(P, out.shape[1]):
-        z = loop.replayed(trace, i - 1)
+        z = replay.replayed(loop, trace, i - 1)
         assert int(z.argmax()) == int(out[0, i]), i
-    assert loop.trace == trace  # a replay records nothing
+    assert tracer.trace == trace  # a replay records nothing
     ref = trimpass.generate(model, ids, 24, speculate=False, inner="aot_eager")
     body = model._trimpass_fused
     assert torch.equal(ref, out)  # fp32, tiny: the route is its reference
     wrong = out.clone()
-    z = loop.replayed(trace, P + 2)
+    z = replay.replayed(loop, trace, P + 2)
     wrong[0, P + 3] = int(z.argsort()[-2])  # the route's own runner-up
     own, _ = divergence.fused_stages(model, body, P, out, ref, wrong, (loop, trace))
     assert own.position == 3 and not own.near_tie
     assert divergence.fused_stages(model, body, P, out, ref, out, (loop, trace))[0] is None
     with pytest.raises(ValueError, match="position"):
-        loop.replayed(trace, out.shape[1] + 5)
+        replay.replayed(loop, trace, out.shape[1] + 5)

@@ -12,8 +12,10 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 import trimpass
 from tests.graph.test_hf import SMALL, V
-from trimpass.hf import buckets, divergence, selfdraft
+from trimpass.diagnostics import divergence
+from trimpass.hf import buckets, selfdraft
 from trimpass.measure import compiled_graphs
+from trimpass.spec.config import SelfDraftConfig
 from trimpass.testing.checks import head_runs
 
 FAST = dict(inner="aot_eager")
@@ -92,11 +94,11 @@ def test_the_crash_past_the_window_is_hugging_faces_sliding_layer_and_is_gone():
     layers do not."""
     model = _gemma()
     ids = torch.randint(0, V, (1, 30))  # past the window of 16 from the first draft
-    own = selfdraft.shared_copy(model, 4, 0.0)
+    own = selfdraft.shared_copy(model, SelfDraftConfig(4, 0.0))
     del own._prepare_cache_for_generation  # Hugging Face's cache, sliding layers and all
     with pytest.raises(RuntimeError, match="must match the size"):
         _plain_assisted(model, own, ids)
-    fixed = selfdraft.shared_copy(model, 4, 0.0)
+    fixed = selfdraft.shared_copy(model, SelfDraftConfig(4, 0.0))
     assert torch.equal(_plain_assisted(model, fixed, ids), _plain(model, ids))
 
 
@@ -105,12 +107,12 @@ def test_the_cache_follows_each_prompts_bucket_without_compiling():
     model = _gemma(context=4096)
     trimpass.generate(model, torch.randint(0, V, (1, 10)), 4, speculate=False, **FAST)
     loop = model._trimpass_fused
-    assert loop.capacity == buckets.MIN_CAPACITY
+    assert loop.body.capacity == buckets.MIN_CAPACITY
     graphs = compiled_graphs()
     trimpass.generate(model, torch.randint(0, V, (1, 1000)), 4, speculate=False, **FAST)
-    assert loop.capacity == 1024 and loop.cache.layers[0].keys.shape[2] == 1024
+    assert loop.body.capacity == 1024 and loop.body.cache.layers[0].keys.shape[2] == 1024
     trimpass.generate(model, torch.randint(0, V, (1, 10)), 4, speculate=False, **FAST)
-    assert loop.capacity == buckets.MIN_CAPACITY and compiled_graphs() == graphs
+    assert loop.body.capacity == buckets.MIN_CAPACITY and compiled_graphs() == graphs
 
 
 def test_the_cache_holds_each_request_within_a_granule_up_to_the_context():

@@ -9,32 +9,11 @@ import torch
 import trimpass
 from tests.graph.test_hf import V
 from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals, peaked_llama
-from trimpass.hf.lookup import PROBE, PROBE_MAX, Chooser, Lookup
-
-
-def test_the_longest_recurring_suffix_proposes_what_followed_it_last():
-    text = Lookup(tokens=3, ngram=4)
-    text.extend([5, 6, 7, 8, 1, 6, 7, 9, 2, 6, 7])
-    assert text.propose(10) == ([9, 2, 6], 2)  # "6 7" last ended before 9; "1 6 7" never recurs
-    text.extend([9])
-    assert text.propose(10) == ([2, 6, 7], 3)  # "6 7 9" now recurs
-    assert text.propose(1) == ([2], 3)  # the budget caps the proposal
-    fresh = Lookup(tokens=3, ngram=4)
-    fresh.extend([1, 2, 3])
-    assert fresh.propose(10) == ([], 0)
-
-
-def test_a_loop_closer_than_the_proposal_is_repeated_to_its_length():
-    text = Lookup(tokens=8, ngram=3)
-    text.extend([4, 1, 2, 3, 1, 2, 3])  # "2 3" last ended 3 tokens back: a loop of 3
-    assert text.propose(10) == ([1, 2, 3, 1, 2, 3, 1, 2], 3)
-    assert text.propose(5) == ([1, 2, 3, 1, 2], 3)
-    text.extend([7])  # "3 7" never occurred: "7" alone neither; nothing recurs
-    assert text.propose(10) == ([], 0)
+from trimpass.hf.lookup import PROBE, PROBE_MAX, Chooser
 
 
 def test_the_choice_follows_tokens_per_ms():
-    c = Chooser(gamma=8)
+    c = Chooser(gamma=8, match_cap=4)
     c.time("step_ms", 10.0)
     c.time("verify_ms", 12.0)
     assert not c.use_lookup(0) and not c.prefers_lookup(0)  # nothing recurs: nothing to verify
@@ -50,7 +29,7 @@ def test_the_choice_follows_tokens_per_ms():
 
 
 def test_lookup_is_probed_at_a_requests_first_match_then_less_often_while_it_keeps_losing():
-    c = Chooser(gamma=8)
+    c = Chooser(gamma=8, match_cap=4)
     c.time("step_ms", 10.0)
     c.time("verify_ms", 60.0)  # a cost that once ran high: lookup is never preferred
     assert not c.prefers_lookup(4)
@@ -72,7 +51,7 @@ def test_lookup_is_probed_at_a_requests_first_match_then_less_often_while_it_kee
 
 
 def test_a_match_length_not_yet_seen_starts_from_what_lookup_did_at_the_others():
-    c = Chooser(gamma=8)
+    c = Chooser(gamma=8, match_cap=4)
     c.time("step_ms", 10.0)
     c.time("verify_ms", 25.0)
     for _ in range(3):  # self-drafts keep 8 of 8: 0.1 tokens / ms, prior or not
@@ -85,7 +64,7 @@ def test_a_match_length_not_yet_seen_starts_from_what_lookup_did_at_the_others()
 
 
 def test_a_passed_over_proposal_is_recorded_from_the_tokens_its_round_emitted():
-    c = Chooser(gamma=8)
+    c = Chooser(gamma=8, match_cap=4)
     c.unchosen(3, [5, 6, 7, 9], [5, 6, 7, 8, 2])  # parts at the fourth: 3 kept, 1 emitted
     c.unchosen(4, [5, 6], [5, 6, 7])  # all of it kept, and the head's own token after it
     c.unchosen(7, [5, 6, 7, 8], [5, 6])  # agrees as far as the round went: at least 3
@@ -93,7 +72,7 @@ def test_a_passed_over_proposal_is_recorded_from_the_tokens_its_round_emitted():
     assert c.lookup.tokens == {3: 4, 4: 3 + 3, 1: 1}
     assert c.lookup.rounds == {3: 1, 4: 2, 1: 1}
     # a lookup round that kept nothing, then self-drafts keeping 8 of 8 while the proposal agrees
-    c = Chooser(gamma=8)
+    c = Chooser(gamma=8, match_cap=4)
     c.time("step_ms", 10.0)
     c.time("verify_ms", 25.0)
     c.lookup.add(4, 1)

@@ -9,8 +9,9 @@ import torch
 import trimpass
 from tests.graph.test_hf import V
 from tests.hf.test_fused import FAST, MODELS, _decode
-from trimpass.hf.lookup import Lookup
 from trimpass.hf.output_cache import OutputCache
+from trimpass.spec.config import LookupConfig
+from trimpass.spec.proposers.lookup import Lookup
 
 
 def test_the_cache_stays_within_its_bounds_on_a_long_run():
@@ -19,7 +20,7 @@ def test_the_cache_stays_within_its_bounds_on_a_long_run():
     for _ in range(400):
         n = int(torch.randint(2, 120, (1,), generator=g))
         cache.add(torch.randint(0, 50, (n,), generator=g).tolist())
-        assert cache.tokens <= 500 and len(cache.follow) <= 2 * 3 * 500
+        assert cache.tokens <= 500 and len(cache.index) <= 2 * 3 * 500
     assert sum(len(o) for o in cache.outputs.values()) == cache.tokens > 400
 
 
@@ -37,7 +38,7 @@ def test_the_oldest_output_leaves_first_and_clear_forgets_all():
 def test_the_longer_match_wins_between_the_text_and_earlier_outputs():
     cache = OutputCache(ngram=3)
     cache.add([4, 5, 6, 7, 8])
-    text = Lookup(tokens=3, ngram=3, outputs=cache)
+    text = Lookup(LookupConfig(tokens=3, ngram=3), outputs=cache)
     text.extend([1, 5, 2, 4, 5])  # the text: "5" recurs (then 2); an output: "4 5" (then 6 7 8)
     assert text.propose(10) == ([6, 7, 8], 2)
     text.extend([2, 4])  # the text now repeats "5 2 4" itself: its own match is longer

@@ -17,6 +17,7 @@ from transformers import (
 
 import trimpass
 from tests.graph.test_hf import SMALL, V
+from trimpass.spec.config import SelfDraftConfig
 from trimpass.testing.checks import head_runs
 
 MODELS = {
@@ -111,7 +112,7 @@ def test_the_drafter_keeps_its_cache_across_rounds():
     from trimpass.hf.selfdraft import shared_copy
     torch.manual_seed(0)
     model = MODELS["gemma3"]().eval()
-    draft = shared_copy(model, 4, 0.0)
+    draft = shared_copy(model, SelfDraftConfig(4, 0.0))
     seen = []
     base = getattr(draft, draft.base_model_prefix)
     handle = base.register_forward_pre_hook(

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from trimpass.hf import upcast
-from trimpass.hf.accept import FullHead, greedy
+from trimpass.hf.full_head import FullHead
+from trimpass.spec.verify import greedy
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

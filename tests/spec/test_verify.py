@@ -3,7 +3,7 @@ computed again alone), and speculative sampling's accept / resample rule emits t
 distribution (a chi-square test, which a rule that skips the resample fails)."""
 import torch
 
-from trimpass.hf.accept import greedy, speculative
+from trimpass.spec.verify import greedy, speculative
 from trimpass.testing.stats import chi_square_p
 
 

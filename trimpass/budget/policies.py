@@ -16,11 +16,9 @@ import torch
 
 from trimpass.budget.costmodel import CostTable
 from trimpass.budget.dcut import dcut, draft_more, drafting_pays, next_step_pays
-from trimpass.budget.probes import Probes
+from trimpass.spec.config import BudgetConfig
 
-SETTINGS = ("policy", "gamma", "buckets", "measure_s", "table", "probe", "lookup")
-LOOKUP = {"ngram": 4, "tokens": None}  # lookup drafts' defaults (tokens None: the draft length)
-PROBE = 1 / 16  # the probe setting's default: the share of skipped seconds probes may spend
+PROBE = BudgetConfig.probe  # the probe setting's default
 
 
 class Policy:
@@ -119,76 +117,16 @@ def make(settings: dict, gamma_max: int) -> Policy:
 
 
 def check_settings(settings: dict, gamma_max: int) -> dict:
-    """The budget settings, checked against the engine's draft length ``gamma_max``."""
-    if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
-        raise ValueError(f"num_speculative_tokens: D-Cut needs a draft length >= 1 (gamma_max), "
-                         f"got {gamma_max!r}")
-    s = dict(settings)
-    unknown = sorted(set(s) - set(SETTINGS))
-    if unknown:
-        raise ValueError(f"budget: unknown setting {unknown[0]!r}; use {', '.join(SETTINGS)}")
+    """The budget settings (a :class:`~trimpass.spec.config.BudgetConfig` as a dict, which checks
+    each field), checked against the engine's draft length ``gamma_max``, and what only the budget
+    can check: the cost table and D-Cut's buckets."""
+    s = BudgetConfig.of(settings).for_engine(gamma_max)
     if s.get("table") is not None:
         try:
             CostTable.from_dict(s["table"])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"budget table: a CostTable.to_dict() of measured seconds is "
                              f"needed: {e}") from None
-    policy = s.setdefault("policy", "dcut")
-    if policy not in POLICIES:
-        raise ValueError(f"budget policy: {policy!r} is not one of {', '.join(POLICIES)}")
-    gamma = s.get("gamma")
-    if policy == "fixed":
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= gamma_max:
-            raise ValueError(f"budget gamma: the fixed policy needs an integer 1..{gamma_max} "
-                             f"(num_speculative_tokens), got {gamma!r}")
-    elif gamma is not None:
-        raise ValueError(f"budget gamma: only the fixed policy takes a draft length; {policy!r} "
-                         "drafts up to num_speculative_tokens")
-    buckets = s.get("buckets")
-    if buckets is not None:
-        if policy != "dcut":
-            raise ValueError("budget buckets: only the dcut policy takes buckets")
-        dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=buckets)  # dcut's own checks
-    Probes(s.setdefault("probe", PROBE))  # its own check
-    s["lookup"] = check_lookup(s.get("lookup", POLICIES[policy].reads_confidence), policy,
-                               gamma_max)
-    m = s.setdefault("measure_s", 10.0)
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m <= 30:
-        raise ValueError(f"budget measure_s: the start-up measurement's seconds, in (0, 30], got "
-                         f"{m!r}")
+    if s.get("buckets") is not None:
+        dcut(torch.ones(1, 1), lambda b, t: 1.0, buckets=s["buckets"])  # dcut's own checks
     return s
-
-
-def _positive_int(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, int) and v >= 1
-
-
-def check_lookup(lookup, policy: str, gamma_max: int) -> dict | None:
-    """The lookup drafts' settings (None: off): ``True`` or a dict of ``ngram`` (the longest
-    suffix of a request's text matched, default 4) and ``tokens`` (a request's longest lookup
-    draft, at most ``gamma_max``, default ``gamma_max``). On by default where the policy prices
-    drafts by confidence (``dcut``, ``all-or-nothing``), which is what prices a lookup draft."""
-    if lookup is None or lookup is False:
-        return None
-    if lookup is True:
-        lookup = {}
-    if not isinstance(lookup, dict):
-        raise ValueError(f"budget lookup: true, false or a dict of {', '.join(LOOKUP)}, got "
-                         f"{type(lookup).__name__}")
-    unknown = sorted(set(lookup) - set(LOOKUP))
-    if unknown:
-        raise ValueError(f"budget lookup: unknown setting {unknown[0]!r}; use "
-                         f"{', '.join(LOOKUP)}")
-    if not POLICIES[policy].reads_confidence:
-        raise ValueError(f"budget lookup: the {policy!r} policy does not price drafts; lookup "
-                         "drafts need dcut or all-or-nothing (or set lookup to false)")
-    out = {**LOOKUP, **lookup}
-    if out["tokens"] is None:
-        out["tokens"] = gamma_max
-    if not _positive_int(out["ngram"]):
-        raise ValueError(f"budget lookup ngram: the longest suffix a lookup matches, a positive "
-                         f"integer, got {out['ngram']!r}")
-    if not _positive_int(out["tokens"]) or out["tokens"] > gamma_max:
-        raise ValueError(f"budget lookup tokens: a request's longest lookup draft, an integer "
-                         f"1..{gamma_max} (num_speculative_tokens), got {out['tokens']!r}")
-    return out

@@ -1,17 +1,19 @@
 """What each draft source is worth, for D-Cut to price every source with one cost model. A lookup
-draft (the request's text repeating itself: :mod:`trimpass.spec.lookup`) costs no drafter step;
-its tokens' confidences are what the target accepted of earlier lookup drafts with the same match
-length at the same position (:class:`LookupPrice`: P(position k accepted | every earlier one was),
-a Beta prior until observed). A self-draft's confidences are the drafter's own, calibrated; before
-the drafter runs, :class:`DraftProfile` says what its drafts were worth per position of late, so
-that a proposal can weigh running the drafter (its measured seconds) against lookup drafts alone
+draft (the request's text repeating itself: :mod:`trimpass.spec.proposers.lookup`) costs no drafter
+step; its tokens' confidences are what the target accepted of earlier lookup drafts with the same
+match length at the same position (:class:`LookupPrice`: P(position k accepted | every earlier one
+was), a Beta prior until observed). A self-draft's confidences are the drafter's own, calibrated;
+before the drafter runs, :class:`DraftProfile` says what its drafts were worth per position of late,
+so that a proposal can weigh running the drafter (its measured seconds) against lookup drafts alone
 before paying for it."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-MATCH_MAX = 4  # match lengths priced apart (longer ones pool with this one)
+from trimpass.spec.config import LookupConfig
+
+MATCH_MAX = LookupConfig.match_cap  # match lengths priced apart (longer ones pool with it)
 
 
 class LookupPrice:

@@ -3,19 +3,20 @@
 Greedy speculative decoding emits the target's argmax, but a route computes it differently from
 plain decoding: Hugging Face verifies several tokens in one batched pass, the fused loop runs a
 compiled body and prefills in chunks. Each rounds differently, so where the top two logits lie
-within rounding of each other the argmax may flip, and the outputs part from there on. For a pair
-of outputs, :func:`explain` finds the first differing position and computes the logits of that
-prefix both ways, by default eagerly: one-token steps over a cache (as ``model.generate`` decodes)
-and one batched pass over the whole prefix (as a verification does); a compiled route gives its
-own two computations (the fused loop: ``FusedLoop.logits``). The gap between plain decoding's top
-logit and the route's token, against the largest difference between the two computations, decides:
-a gap within that difference is a near-tie that rounding alone can flip; a wider gap is a bug.
-Where the route's own computation is replayed bit for bit (``exact``: the fused loop's trace,
-``FusedLoop.replayed``), what decides is whether that computation ranks the route's token at least
-as high as plain decoding's: then the flip is the two computations' rounding apart, and its gap is
-at most twice their largest difference; else the route emitted a token its own logits do not
-rank first, a bug. A fused-loop output is explained in two stages through its compiled body
-(:func:`fused_stages`), and counts as its worse stage (:func:`worst`).
+within rounding of each other the argmax may flip, and the outputs part from there on. For a pair of
+outputs, :func:`explain` finds the first differing position and computes the logits of that prefix
+both ways, by default eagerly: one-token steps over a cache (as ``model.generate`` decodes) and one
+batched pass over the whole prefix (as a verification does); a compiled route gives its own two
+computations (the fused loop: :func:`trimpass.diagnostics.replay.logits`). The gap between plain
+decoding's top logit and the route's token, against the largest difference between the two
+computations, decides: a gap within that difference is a near-tie that rounding alone can flip; a
+wider gap is a bug. Where the route's own computation is replayed bit for bit (``exact``: the fused
+loop's trace, :func:`trimpass.diagnostics.replay.replayed`), what decides is whether that
+computation ranks the route's token at least as high as plain decoding's: then the flip is the two
+computations' rounding apart, and its gap is at most twice their largest difference; else the route
+emitted a token its own logits do not rank first, a bug. A fused-loop output is explained in two
+stages through its compiled body (:func:`fused_stages`), and counts as its worse stage
+(:func:`worst`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from trimpass.diagnostics import replay
 
 
 @dataclass
@@ -73,8 +76,8 @@ def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
     ``prompt`` tokens), or None where they agree. ``plain_way`` and ``route_way`` (each
     ``(prefix, prompt) -> logits [V]`` of the prefix's last position) say how each output was
     computed; by default eagerly, one-token steps and one batched pass. A route through a compiled
-    body passes its own (``FusedLoop.logits``): a compiled body rounds otherwise than eager.
-    ``exact``: ``route_way`` is the route's own computation, bit for bit."""
+    body passes its own (:func:`trimpass.diagnostics.replay.logits`): a compiled body rounds
+    otherwise than eager. ``exact``: ``route_way`` is the route's own computation, bit for bit."""
     at = first_difference(plain, route, prompt)
     if at is None:
         return None
@@ -90,22 +93,26 @@ def explain(model, prompt: int, plain: torch.Tensor, route: torch.Tensor,
                       ulps=gap / unit, spread_ulps=spread / unit, near_tie=tie)
 
 
-def fused_stages(model, body, prompt: int, plain: torch.Tensor, ref: torch.Tensor,
-                 route: torch.Tensor, replay=None) -> tuple[Divergence | None, Divergence | None]:
+def fused_stages(model, loop, prompt: int, plain: torch.Tensor, ref: torch.Tensor,
+                 route: torch.Tensor, trace=None) -> tuple[Divergence | None, Divergence | None]:
     """A fused loop's output ``route`` against plain decoding's ``plain`` (Hugging Face's eager
-    ``generate``), in two stages through the loop's compiled body ``body`` (``FusedLoop``): the
-    route against its reference ``ref`` (the loop run with ``speculate=False``), the body's
-    one-token steps against the route's own computation where ``replay`` (``(loop, trace)``: the
-    route's loop and its call's ``loop.trace``) is given, else against the body's batched pass;
-    then the reference against plain decoding, eager one-token steps against the body's."""
-    def route_way(prefix, _):
-        if replay is None:
-            return body.logits(prefix, prefix.shape[1])
-        loop, trace = replay
-        return loop.replayed(trace, prefix.shape[1] - 1)
+    ``generate``), in two stages through the compiled body of ``loop`` (a ``FusedLoop``): the route
+    against its reference ``ref`` (the loop run with ``speculate=False``), the body's one-token
+    steps against the route's own computation where ``trace`` (the route's call's, from its
+    loop's :class:`~trimpass.diagnostics.replay.Tracer`, with that loop: ``(route loop, trace)``)
+    is given, else against the body's batched pass; then the reference against plain decoding,
+    eager one-token steps against the body's."""
+    def body(prefix, p):
+        return replay.logits(loop, prefix, p)
 
-    own = explain(model, prompt, ref, route, body.logits, route_way, exact=replay is not None)
-    return own, explain(model, prompt, plain, ref, route_way=body.logits)
+    def route_way(prefix, _):
+        if trace is None:
+            return replay.logits(loop, prefix, prefix.shape[1])
+        route_loop, calls = trace
+        return replay.replayed(route_loop, calls, prefix.shape[1] - 1)
+
+    own = explain(model, prompt, ref, route, body, route_way, exact=trace is not None)
+    return own, explain(model, prompt, plain, ref, route_way=body)
 
 
 def worst(stages) -> Divergence | None:

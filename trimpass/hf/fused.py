@@ -1,43 +1,40 @@
 """The fused self-speculative loop behind :func:`trimpass.generate`: a Hugging Face causal LM drafts
 for itself through its own trimmed head and verifies with its full head, without a second body pass.
 
-The body runs one token at a time, as plain decoding does, over a static KV cache (every layer a
-full-length static layer: a sliding-window layer's mask still applies the window, and rolling
-back is setting the cache's length); the prompt is prefilled in passes whose row count is dynamic,
-and the cache's length is dynamic in the compiled graphs, so the first call compiles both graphs
-the loop runs and no later prompt compiles another (:mod:`trimpass.hf.buckets`).
-Each step's hidden state is kept; the trimmed head (the step compiled through trimpass) drafts the
-next token. Every ``gamma`` steps, or where the trimmed
-confidence drops below ``confidence``, the full head verifies the kept hidden states in one batched
-product (:mod:`trimpass.hf.accept`); the cache rolls back to the first mismatch and the full head's
-own token follows. Each emitted token costs one body step; a round costs one full-head product.
-Host reads per round: the accepted count (and, with ``confidence > 0``, the confidence per draft
-step). Batch 1 only.
+The body (:mod:`trimpass.hf.body`: the compiled step over a static KV cache) runs one token at a
+time, as plain decoding does. Each step's hidden state is kept; the trimmed head (the step compiled
+through trimpass) drafts the next token. Every ``gamma`` steps, or where the trimmed confidence
+drops below ``confidence``, the full head verifies the kept hidden states in one batched product
+(:mod:`trimpass.spec.verify`); the cache rolls back to the first mismatch and the full head's own
+token follows. Lookup drafts come from the speculation core's proposer
+(:mod:`trimpass.spec.proposers.lookup`, this loop a batch of one) and are verified in one batched
+body pass. Each emitted token costs one body step; a round costs one full-head product. Host reads
+per round: the accepted count and the emitted ids, a confidence per draft step (with ``confidence >
+0``), one per near-tie. Batch 1 only. Diagnostics (the trace and replay of a call,
+:mod:`trimpass.diagnostics.replay`) attach by the body's hooks.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-import types
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache
 
 from trimpass import measure
+from trimpass.base import softmax_max
 from trimpass.config import disabled
-from trimpass.hf import accept, buckets, decode_attention, lookup, upcast
+from trimpass.hf import lookup
+from trimpass.hf.body import Body
+from trimpass.hf.sampler import Sampler
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import compiled_graphs
+from trimpass.spec import verify
+from trimpass.spec.config import GenerateConfig, LookupConfig
+from trimpass.spec.proposers.lookup import LookupProposer
 
 log = logging.getLogger("trimpass")
-
-# the defaults: x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
-GAMMA, CONFIDENCE = 8, 0.4
-# lookup drafts: up to 15 tokens after the longest recurring suffix of up to 4 tokens, verified in
-# one pass over them (the prefill's graph: its row count is dynamic), timed against a one-token step
-LOOKUP_TOKENS, NGRAM = 15, 4
+WARM_ROWS = LookupConfig.tokens + 1  # the warm-up's verification pass: a default lookup round's
 
 
 @dataclass
@@ -56,6 +53,9 @@ class FusedStats(LoopStats):
     body_upcast: int = 0  # the body's linears over several rows that run upcast
 
     def as_dict(self) -> dict:
+        own = dict(rounds=self.rounds - self.lookup_rounds,
+                   drafted=self.drafted - self.lookup_drafted,
+                   accepted=self.accepted - self.lookup_accepted)
         return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
                     accepted=self.accepted, emitted=self.emitted, body_steps=self.body_steps,
                     trimmed_calls=self.trimmed_calls, verifications=self.verifications,
@@ -65,140 +65,44 @@ class FusedStats(LoopStats):
                     body_upcast=self.body_upcast,
                     passes_per_token=(self.body_steps + self.batched_passes)
                     / max(self.emitted, 1),
-                    sources=dict(
-                        lookup=dict(rounds=self.lookup_rounds, drafted=self.lookup_drafted,
-                                    accepted=self.lookup_accepted),
-                        self=dict(rounds=self.rounds - self.lookup_rounds,
-                                  drafted=self.drafted - self.lookup_drafted,
-                                  accepted=self.accepted - self.lookup_accepted)))
+                    sources=dict(lookup=dict(rounds=self.lookup_rounds,
+                                             drafted=self.lookup_drafted,
+                                             accepted=self.lookup_accepted), self=own))
 
-
-class _Step(torch.nn.Module):
-    """One pass of ``model``'s body over new ids; returns every row's hidden state, that of row
-    ``row`` (a one-element tensor: the last real row of a padded chunk, a graph input, not a
-    constant) and, with a head, its logits (the graph trimpass trims)."""
-
-    def __init__(self, model, head: bool):
-        super().__init__()
-        config = decode_attention.copy_config(model.config)  # its own attention, not the model's
-        self.body = decode_attention.rebind(getattr(model, model.base_model_prefix),
-                                            decode_attention.configs(model.config, config))
-        self.head = model.get_output_embeddings() if head else None
-        self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
-        # Dynamo keeps at most recompile_limit (8) graphs per code object, and each step
-        # instance compiles its own (prefill, decode): a code object per step, not per class
-        code = _Step.step.__code__.replace()
-        self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
-
-    def step(self, ids, position_ids, row, cache):
-        hs = self.body(input_ids=ids, position_ids=position_ids, past_key_values=cache,
-                       use_cache=True).last_hidden_state[0]
-        h = hs.index_select(0, row)
-        if self.head is None:
-            return hs, h, None
-        z = self.head(h)
-        return hs, h, torch.tanh(z / self.cap) * self.cap if self.cap else z
-
-
-class Sampler:
-    """The target's distribution as ``model.generate`` samples it (temperature, top-k, top-p, in
-    that order, in fp32) and the drafter's (the temperature-scaled trimmed softmax)."""
-
-    def __init__(self, temperature, top_k, top_p):
-        from transformers import (
-            LogitsProcessorList,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
-        self.t = float(temperature)
-        warpers = [TemperatureLogitsWarper(self.t)] if self.t != 1.0 else []
-        warpers += [TopKLogitsWarper(top_k)] if top_k is not None else []
-        warpers += [TopPLogitsWarper(top_p)] if top_p is not None and top_p < 1 else []
-        self.warpers = LogitsProcessorList(warpers)
-
-    def target(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.warpers(None, z.float()), dim=-1)
-
-    def draft(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(z.float() / self.t, dim=-1)
+    def counted(self, k: int, n: int, lookup_round: bool) -> None:
+        """One round of ``k`` drafted tokens of which ``n`` were kept."""
+        self.rounds, self.drafted, self.accepted = self.rounds + 1, self.drafted + k, \
+            self.accepted + n
+        self.verifications += 1
+        if lookup_round:
+            self.batched_passes, self.lookup_rounds = self.batched_passes + 1, \
+                self.lookup_rounds + 1
+            self.lookup_drafted, self.lookup_accepted = self.lookup_drafted + k, \
+                self.lookup_accepted + n
+        else:
+            self.body_steps, self.trimmed_calls = self.body_steps + k, self.trimmed_calls + k
 
 
 class FusedLoop:
-    """The loop for one model and one set of settings: its compiled step, static cache and
-    counters (one per setting, kept on the model; ``model._trimpass_fused`` is the latest)."""
+    """The loop for one model and one :class:`GenerateConfig` (its sampling aside): its
+    :class:`~trimpass.hf.body.Body` (compiled step, full head, static cache), its chooser and
+    counters (kept on the model; ``model._trimpass_fused`` is the latest). ``proposer``: the class
+    of the lookup proposer each call builds (this loop a batch of one)."""
+    proposer = LookupProposer
 
-    def __init__(self, model, gamma: int, confidence: float, speculate: bool, backend, plain,
-                 lookup_tokens: int = 0):
+    def __init__(self, model, config: GenerateConfig, speculate: bool, backend, plain):
         """``backend`` compiles the drafting step (its trimmed head); ``plain`` (the inner
         compiler alone) the head-less step of plain decoding, used when ``speculate`` is False or
-        trimpass is disabled. ``lookup_tokens`` > 0 adds lookup drafts of up to that many tokens,
-        verified in one batched pass (:mod:`trimpass.hf.lookup`)."""
-        self.model, self.gamma, self.confidence = model, gamma, float(confidence)
-        self.speculate, self.backend = speculate and not disabled(), backend
-        self.lookup_tokens = lookup_tokens if self.speculate else 0
-        self.step = _Step(model, head=self.speculate).eval()
-        # several rows' linears upcast where this CPU multiplies half precision slowly
-        self.rows = upcast.RowsBackend(backend if self.speculate else plain,
-                                       model.get_output_embeddings().weight.shape)
-        self.step.compile(backend=self.rows)
-        self.head = accept.FullHead(model)
-        self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
+        trimpass is disabled."""
+        self.speculate = speculate and not disabled()
+        self.body = Body(model, self.speculate, backend, plain)
+        self.step, self.head = self.body.step, self.body.head
+        self.gamma, self.confidence = config.gamma, float(config.confidence)
+        self.lookup = config.lookup if self.speculate else None
+        self.lookup_tokens = 0 if self.lookup is None else self.lookup.tokens
         self.stats = FusedStats(name="fused")
-        self.chooser = lookup.Chooser(gamma)
+        self.chooser = lookup.Chooser(self.gamma, (config.lookup or LookupConfig()).match_cap)
         self.warmed = False
-        self.trace = None  # the last call's cache, rollbacks and body passes, in order (replay)
-
-    def _fresh_cache(self, prompt: int, new: int) -> Cache:
-        """An empty cache for a prompt of ``prompt`` tokens and ``new`` more (a new size is a new
-        cache, not a new graph: the length dimension is dynamic in both graphs)."""
-        capacity = buckets.capacity_for(prompt + new, self.context)
-        if capacity != self.capacity:
-            self.cache, self.capacity = None, 0  # the old cache's memory first
-            self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
-        self._rollback(0)
-        return self.cache
-
-    def _rollback(self, length: int) -> None:
-        if self.trace is not None:
-            self.trace.append(("rollback", length))
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(length)
-
-    def _pass(self, ids: torch.Tensor, at: int):
-        """One body pass over ``ids[1, n]`` from position ``at``: every row's hidden state, the last
-        row's, and its trimmed logits. One token runs the one-token step's graph; more run one
-        graph whose row count is dynamic (a prompt's chunk, a verification: any length)."""
-        # a slice of a longer prompt keeps that prompt's row stride, and Dynamo guards on strides
-        ids = torch.empty_like(ids, memory_format=torch.contiguous_format).copy_(ids)
-        if self.trace is not None:
-            self.trace.append(("pass", at, ids))
-        positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
-        if ids.shape[1] > 1:
-            torch._dynamo.maybe_mark_dynamic(ids, 1)
-            torch._dynamo.maybe_mark_dynamic(positions, 1)
-        row = torch.tensor([ids.shape[1] - 1], device=ids.device)
-        out = self.step(ids, positions, row, self.cache)
-        state = self.backend.state_for(self.step) if self.speculate else None
-        if state is not None:
-            state.upkeep()  # a replayed step runs none of the state's Python
-        return out
-
-    def _run(self, ids: torch.Tensor, at: int):
-        return self._pass(ids, at)[1:]
-
-    def _verify(self, tokens: list[int], at: int) -> torch.Tensor:
-        """Every row's hidden state of one body pass over ``tokens`` from position ``at``."""
-        ids = torch.tensor([tokens], device=self.head.weight.device)
-        return self._pass(ids, at)[0].clone()
-
-    def _prefill(self, ids: torch.Tensor):
-        """The prompt in passes of up to ``buckets.CHUNK`` tokens; returns the last row's (h,
-        logits)."""
-        for start in range(0, ids.shape[1], buckets.CHUNK):
-            h, z = self._run(ids[:, start:start + buckets.CHUNK], start)
-        self._rollback(ids.shape[1])
-        return h, z
 
     def warm_up(self) -> float:
         """Compile every graph the loop runs (the one-token step and the pass over many rows: a
@@ -206,191 +110,118 @@ class FusedLoop:
         returns the seconds it took (0 if they were compiled already)."""
         if self.warmed:
             return 0.0
-        t0 = time.perf_counter()
-        graphs = compiled_graphs()
-        device = self.head.weight.device
-        state = self.backend.state_for(self.step) if self.speculate else None
+        t0, graphs, body = time.perf_counter(), compiled_graphs(), self.body
         with torch.no_grad():
             self.stats.head_upcast = self.head.calibrate()  # before the chooser times a round
-            self._fresh_cache(2, LOOKUP_TOKENS + 1)
-            ids = torch.zeros(1, 2, dtype=torch.long, device=device)
-            self._prefill(ids)  # the graph of many rows
-            self._run(ids[:, :1], 2)  # the one-token step
-            if self.lookup_tokens:
-                for kind, run in (("step_ms", lambda: self._run(ids[:, :1], 2)),
-                                  ("verify_ms", lambda: self.head(self._verify([0] * 16, 2)))):
-                    # the chooser's first costs (a round's body pass and head product); each call
-                    # from the same cache length
-                    self.chooser.time(kind, measure.best_ms(lambda r=run: (self._rollback(2), r())))
-            if state is None:
-                state = self.backend.state_for(self.step) if self.speculate else None
-            if state is not None and state.V is not None:
-                state.reset()  # the scratch request's ids leave nothing behind
-        self.warmed = True
-        self.stats.warm_up_s = time.perf_counter() - t0
-        self.stats.graphs = compiled_graphs() - graphs
-        self.stats.body_upcast = self.rows.rewritten
+            body.fresh_cache(2, WARM_ROWS)
+            body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))  # many rows
+            body.token(0, 2)  # the one-token step
+            if self.lookup_tokens:  # the chooser's first costs, each from the same cache length
+                for kind, run in (("step_ms", lambda: body.token(0, 2)),
+                                  ("verify_ms", lambda: self.head(body.rows_of([0] * WARM_ROWS,
+                                                                              2)))):
+                    self.chooser.time(kind, measure.best_ms(lambda r=run: (body.rollback(2), r())))
+            body.reset_rows()  # the scratch request's ids leave nothing behind
+        self.warmed, s = True, self.stats
+        s.warm_up_s, s.graphs = time.perf_counter() - t0, compiled_graphs() - graphs
+        s.body_upcast = body.rows.rewritten
         log.info("trimpass.generate: compiled %d graphs in %.1f s (first call on this model and "
-                 "setting; none later)", self.stats.graphs, self.stats.warm_up_s)
-        return self.stats.warm_up_s
+                 "setting; none later)", s.graphs, s.warm_up_s)
+        return s.warm_up_s
 
-    def _round(self, token, at: int, budget: int, sampler):
-        """Draft from ``token`` at position ``at``, verify, roll back; returns the emitted ids."""
+    def _self_round(self, token: int, at: int, budget: int, sampler) -> list[int]:
+        """Draft from ``token`` at position ``at`` through the trimmed head (up to ``gamma``
+        steps, stopping below the confidence), verify with the full head, roll back."""
+        token = torch.tensor([token], device=self.body.device)
         hs, drafted, qs = [], [], []
         for j in range(min(self.gamma, budget)):
-            h, z = self._run(token.view(1, 1), at + j)
+            h, z = self.body.run(token.view(1, 1), at + j)[1:]
             hs.append(h.clone())  # a CUDA-graph replay writes its outputs over the last ones
             if sampler is None:
-                token = z.argmax(-1)
-                conf = float(torch.softmax(z, -1, dtype=torch.float32).amax()) \
-                    if self.confidence else 1.0
+                token, conf = z.argmax(-1), softmax_max(z) if self.confidence else 1.0
             else:
-                q = sampler.draft(z)
-                token = torch.multinomial(q, 1)[:, 0]
-                qs.append(q)
-                conf = float(q.amax()) if self.confidence else 1.0
+                qs.append(sampler.draft(z))
+                token, conf = torch.multinomial(qs[-1], 1)[:, 0], qs[-1].amax()
             drafted.append(token)
-            if conf < self.confidence:
+            if self.confidence and float(conf) < self.confidence:
                 break
-        k, H, d = len(hs), torch.cat(hs), torch.cat(drafted)
-        s = self.stats
-        s.rounds, s.drafted, s.body_steps = s.rounds + 1, s.drafted + k, s.body_steps + k
-        s.trimmed_calls, s.verifications = s.trimmed_calls + k, s.verifications + 1
+        H, d = torch.cat(hs), torch.cat(drafted)
         if sampler is None:
-            target, again = accept.greedy(self.head, H, d)
-            s.rechecks += again
-            n = accept.agreed(target, d)
-            new = d[:n].tolist() + ([int(target[n])] if n < k else [])
+            new, n, again = verify.greedy_round(self.head, H, d)
+            self.stats.rechecks += again
         else:
-            n, fix = accept.speculative(sampler.target(self.head(H)), torch.cat(qs), d)
-            new = d[:n].tolist() + ([fix] if fix is not None else [])
-        s.accepted += n
-        self._rollback(at + len(new))
+            new, n = verify.sampled_round(sampler.target(self.head(H)), torch.cat(qs), d)
+        self.stats.counted(len(hs), n, lookup_round=False)
+        self.body.rollback(at + len(new))
         self.chooser.self_tokens.add(0, len(new))
-        self.chooser.self_steps.add(0, k)
+        self.chooser.self_steps.add(0, len(hs))
         return new
 
-    def _lookup_round(self, token: int, proposal: list[int], match: int, at: int, sampler):
+    def _lookup_round(self, token: int, proposal: list[int], match: int, at: int,
+                      sampler) -> list[int]:
         """Verify a lookup ``proposal`` after the pending ``token`` at ``at`` in one batched body
-        pass; keep its longest agreeing prefix and the full head's own next token (greedy), or
-        each drafted token with the target's probability (a point-mass draft, sampling)."""
-        k, H = len(proposal), self._verify([token, *proposal], at)
+        pass: its longest agreeing prefix and the full head's own next token (greedy), or each
+        drafted token with the target's probability (a point-mass draft, sampling)."""
+        H = self.body.rows_of([token, *proposal], at)
         d = torch.tensor(proposal, device=H.device)
         if sampler is None:
-            target, again = accept.greedy(self.head, H, d)
+            new, n, again = verify.greedy_round(self.head, H, d)
             self.stats.rechecks += again
-            n = accept.agreed(target, d)
-            new = proposal[:n] + [int(target[n])]
         else:
             p = sampler.target(self.head(H))
-            q = torch.nn.functional.one_hot(d, p.shape[1]).to(p.dtype)
-            n, fix = accept.speculative(p[:k], q, d)
-            new = proposal[:n] + [fix if fix is not None else int(torch.multinomial(p[k], 1))]
-        s = self.stats
-        s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + k, s.accepted + n
-        s.verifications, s.batched_passes = s.verifications + 1, s.batched_passes + 1
-        s.lookup_rounds, s.lookup_drafted = s.lookup_rounds + 1, s.lookup_drafted + k
-        s.lookup_accepted += n
-        self.chooser.lookup.add(min(match, 4), len(new))
-        self._rollback(at + len(new))
+            new, n = verify.sampled_round(p, verify.point_mass(d, p.shape[1], p.dtype), d)
+        self.stats.counted(len(proposal), n, lookup_round=True)
+        self.chooser.lookup.add(self.lookup.capped(match), len(new))
+        self.body.rollback(at + len(new))
         return new
 
-    def _plain(self, token, at: int, sampler):
-        h, _ = self._run(token.view(1, 1), at)
-        self.stats.body_steps += 1
-        return [self._first(h, sampler)]
-
-    def _next(self, token: int, at: int, budget: int, sampler, text: lookup.Lookup):
-        """One round from the pending ``token`` at ``at``: lookup where its expected tokens per ms
-        beat the trimmed self-draft's, else the self-draft; each timed for the choice."""
-        t0 = time.perf_counter()
+    def _next(self, text: list[int], new: list[int], budget: int, sampler, proposer) -> list[int]:
+        """One round after ``text`` (its last ``new`` tokens emitted last round): lookup where its
+        expected tokens per ms beat the trimmed self-draft's, else the self-draft; each timed for
+        the choice."""
+        t0, token, at = time.perf_counter(), text[-1], len(text) - 1
         if not self.speculate:
-            return self._plain(torch.tensor([token], device=self.head.weight.device), at, sampler)
-        proposal, match = text.propose(budget - 1) if self.lookup_tokens and budget > 1 else ([], 0)
+            self.stats.body_steps += 1
+            return [self._first(self.body.token(token, at)[0], sampler)]
+        drafts = proposer.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
+                                  budget - 1) if proposer is not None and budget > 1 else None
+        proposal, match = (drafts.row(0), drafts.match[0]) if drafts else ([], 0)
         if proposal and self.chooser.use_lookup(match):
-            new = self._lookup_round(token, proposal, match, at, sampler)
+            out = self._lookup_round(token, proposal, match, at, sampler)
             self.chooser.time("verify_ms", 1e3 * (time.perf_counter() - t0))
-            return new
+            return out
         steps = self.stats.body_steps
-        new = self._round(torch.tensor([token], device=self.head.weight.device), at, budget,
-                          sampler)
-        ms = 1e3 * (time.perf_counter() - t0)
-        self.chooser.time("step_ms", ms / max(self.stats.body_steps - steps, 1))
+        out = self._self_round(token, at, budget, sampler)
+        self.chooser.time("step_ms", 1e3 * (time.perf_counter() - t0)
+                          / max(self.stats.body_steps - steps, 1))
         if proposal:
-            self.chooser.unchosen(match, proposal, new)
-        return new
-
-    @torch.no_grad()
-    def logits(self, prefix: torch.Tensor, prompt: int) -> torch.Tensor:
-        """The full head's logits [V] at the last position of ``prefix`` [1, n] through this
-        loop's compiled body: its first ``prompt`` tokens prefilled, the rest one token at a time
-        (plain decoding's computation; ``prompt = n``: one pass over many rows, a verification's).
-        What :func:`trimpass.hf.divergence.explain` compares."""
-        ids = prefix.to(self.head.weight.device)
-        with self._untraced():
-            self._fresh_cache(ids.shape[1], 1)
-            h, _ = self._prefill(ids[:, :prompt])
-            for j in range(prompt, ids.shape[1]):
-                h, _ = self._run(ids[:, j:j + 1], j)
-        return self.head(h)[0]
-
-    @contextlib.contextmanager
-    def _untraced(self):
-        """Body passes that leave the last call's trace as it was."""
-        kept, self.trace = self.trace, None
-        try:
-            yield
-        finally:
-            self.trace = kept
-
-    @torch.no_grad()
-    def replayed(self, trace: list, position: int) -> torch.Tensor:
-        """The full head's logits [V] for the row at ``position`` as a call of this loop computed
-        them (``trace``: its ``self.trace``): its cache, rollbacks and body passes replayed in
-        order up to the last pass over that row, the pass whose row gave the token after it."""
-        last = max((i for i, e in enumerate(trace) if e[0] == "pass"
-                    and e[1] <= position < e[1] + e[2].shape[1]), default=None)
-        if last is None:
-            raise ValueError(f"position: no body pass of this trace computed row {position}")
-        with self._untraced():
-            for e in trace[:last + 1]:
-                if e[0] == "cache":
-                    self._fresh_cache(e[1], e[2])
-                elif e[0] == "rollback":
-                    self._rollback(e[1])
-                else:
-                    hs = self._pass(e[2], e[1])[0]
-        row = position - trace[last][1]
-        return self.head(hs[row:row + 1])[0]
+            self.chooser.unchosen(match, proposal, out)
+        return out
 
     def _first(self, h, sampler) -> int:
         """The full head's own token from one hidden state (the prefill's, plain decoding's)."""
         self.stats.verifications += 1
         if sampler is None:
-            return int(accept.greedy(self.head, h)[0][0])
+            return int(verify.greedy(self.head, h)[0][0])
         return int(torch.multinomial(sampler.target(self.head(h)), 1)[0, 0])
 
     @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens, sampler, eos: set[int],
+    def generate(self, input_ids, max_new_tokens, sampler: Sampler | None, eos: set[int],
                  outputs=None) -> torch.Tensor:
         self.warm_up()
-        state = self.backend.state_for(self.step) if self.speculate else None
-        if state is not None and state.V is not None:
-            state.reset()  # a new request: its context ids, not the last one's
+        self.body.reset_rows()
         P = input_ids.shape[1]
-        self.trace = [("cache", P, max_new_tokens)]
-        self._fresh_cache(P, max_new_tokens)
-        ids = input_ids.to(self.head.weight.device)
-        h, _ = self._prefill(ids)
-        out = [self._first(h, sampler)]
-        text = lookup.Lookup(self.lookup_tokens, NGRAM if self.lookup_tokens else 0, outputs)
+        self.body.tell("on_request", P, max_new_tokens)
+        self.body.fresh_cache(P, max_new_tokens)
+        h = self.body.prefill(input_ids.to(self.body.device))[0]
+        text = input_ids[0].tolist() + [self._first(h, sampler)]
+        proposer = self.proposer(self.lookup, outputs) if self.lookup_tokens else None
         self.chooser.new_request()
-        text.extend(input_ids[0].tolist() + out)
-        while len(out) < max_new_tokens and out[-1] not in eos:
-            new = self._next(out[-1], P + len(out) - 1, max_new_tokens - len(out), sampler, text)
-            out += new
-            text.extend(new)
-        out = through_eos(out, eos)
+        new = text[P:]
+        while len(text) - P < max_new_tokens and text[-1] not in eos:
+            new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposer)
+            text += new
+        out = through_eos(text[P:], eos)
         self.stats.emitted += len(out)
         if outputs is not None:
             outputs.add(out)

@@ -1,8 +1,9 @@
-"""Free drafts from the text repeating itself, and the choice between them and the trimmed head.
+"""The fused loop's choice between lookup drafts and the trimmed head.
 
-:class:`~trimpass.spec.lookup.Lookup` (the speculation core's, shared with the vLLM adapter)
-keeps an index of a request's own tokens and proposes the tokens that followed the text's longest
-recurring suffix, at no body step. The fused loop verifies them in one batched body pass.
+The speculation core's lookup proposer (:mod:`trimpass.spec.proposers.lookup`, shared with the
+vLLM adapter) keeps an index of a request's own tokens and proposes the tokens that followed the
+text's longest recurring suffix, at no body step. The fused loop verifies them in one batched body
+pass.
 
 :class:`Chooser` picks a round's source by expected tokens per millisecond, from costs the loop
 times on this machine (a one-token body step, a batched verification pass) and the request's own
@@ -19,8 +20,6 @@ record resets it. The rule and its arithmetic: ``docs/fused.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from trimpass.spec.lookup import Lookup  # noqa: F401  (the fused loop's index, engine-neutral)
 
 PROBE = 8  # matches passed over in a row before lookup runs anyway, to refresh its record and cost
 PROBE_MAX = 64  # the longest wait between probes, after probes that kept finding lookup worse
@@ -51,15 +50,15 @@ class Chooser:
     the costs running means of the loop's own timings (``step_ms``: a one-token body step with its
     trimmed head; ``verify_ms``: a batched verification pass), first taken at the warm-up."""
 
-    def __init__(self, gamma: int):
-        self.gamma = gamma
+    def __init__(self, gamma: int, match_cap: int):
+        self.gamma, self.match_cap = gamma, match_cap
         self.step_ms = self.verify_ms = None  # the machine's: kept across requests
         self.new_request()
 
     def new_request(self) -> None:
         """Forget the last request's record (its text is not this one's); keep the costs. The
         request's first match is a probe."""
-        self.lookup = Record(prior=2.0)  # keyed by match length (capped at 4)
+        self.lookup = Record(prior=2.0)  # keyed by match length (capped at match_cap)
         self.self_tokens = Record(prior=self.gamma / 2)
         self.self_steps = Record(prior=self.gamma / 2)
         self.wait = self.passed_over = 0  # matches to pass over before the next probe; passed
@@ -90,13 +89,13 @@ class Chooser:
         as a lookup round's kept count, since each emitted token is drawn from the target."""
         n = min(len(proposal), len(emitted))
         agree = next((i for i in range(n) if proposal[i] != emitted[i]), n)
-        self.lookup.add(min(match, 4), agree + 1)
+        self.lookup.add(min(match, self.match_cap), agree + 1)
 
     def prefers_lookup(self, match: int) -> bool:
         if match == 0:
             return False
         step = self.step_ms or 1.0
         verify = self.verify_ms or step
-        per_ms_lookup = self.lookup.mean(min(match, 4)) / verify
+        per_ms_lookup = self.lookup.mean(min(match, self.match_cap)) / verify
         per_ms_self = self.self_tokens.mean(0) / (self.self_steps.mean(0) * step)
         return per_ms_lookup >= per_ms_self

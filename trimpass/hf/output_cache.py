@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from trimpass.spec.proposers.lookup import NgramIndex
+
 
 class OutputCache:
     """Outputs of earlier requests of one model, indexed by every n-gram of up to ``ngram`` tokens
-    (the newest place it was followed by a token); bounded by ``max_tokens``."""
+    (the newest place it was followed by a token: the speculation core's
+    :class:`~trimpass.spec.proposers.lookup.NgramIndex`); bounded by ``max_tokens``."""
 
     def __init__(self, max_tokens: int = 65536, ngram: int = 4):
         for name, value, lo in (("max_tokens", max_tokens, 1), ("ngram", ngram, 1)):
@@ -25,7 +28,7 @@ class OutputCache:
     def clear(self) -> None:
         """Forget every output (the vocabulary binding stays)."""
         self.outputs: OrderedDict[int, list[int]] = OrderedDict()
-        self.follow: dict[tuple, tuple[int, int]] = {}  # n-gram -> (output, index after it)
+        self.index = NgramIndex(self.ngram)  # n-gram -> (output, index after it)
         self.tokens, self.serial = 0, 0
 
     def bind(self, vocab: int) -> None:
@@ -46,23 +49,17 @@ class OutputCache:
         self.serial += 1
         self.outputs[self.serial] = seq
         self.tokens += len(seq)
-        self._index(self.serial, seq)
-        if len(self.follow) > 2 * self.ngram * self.max_tokens:  # stale entries of old outputs
-            self.follow = {}
+        self.index.index(seq, tag=self.serial)
+        if len(self.index) > 2 * self.ngram * self.max_tokens:  # stale entries of old outputs
+            self.index.clear()
             for key, out in self.outputs.items():
-                self._index(key, out)
-
-    def _index(self, key: int, seq: list[int]) -> None:
-        for i in range(1, len(seq)):
-            for n in range(1, min(self.ngram, i) + 1):
-                self.follow[tuple(seq[i - n:i])] = (key, i)
+                self.index.index(out, tag=key)
 
     def propose(self, text: list[int], limit: int) -> tuple[list[int], int]:
         """Up to ``limit`` tokens that followed the longest suffix of ``text`` (up to ``ngram``
         tokens) in a held output, and that suffix's length (0 and nothing where none matches)."""
-        for n in range(min(self.ngram, len(text)), 0, -1):
-            hit = self.follow.get(tuple(text[-n:]))
-            if hit is not None and hit[0] in self.outputs:
-                out = self.outputs[hit[0]]
-                return out[hit[1]:hit[1] + limit], n
-        return [], 0
+        n, hit = self.index.longest(text, valid=lambda at: at[0] in self.outputs)
+        if not n:
+            return [], 0
+        key, at = hit
+        return self.outputs[key][at:at + limit], n

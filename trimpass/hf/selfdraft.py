@@ -18,6 +18,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from trimpass.hf import decode_attention
+from trimpass.spec.config import SelfDraftConfig
 
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
          "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
@@ -38,17 +39,6 @@ def check(model) -> None:
     if isinstance(E, torch.Tensor) and E.dim() == 2 and E.shape[0] != W.shape[0]:
         raise ValueError(f"model: its head has {W.shape[0]} rows but its input embedding "
                          f"{E.shape[0]} ids; a self-drafter needs one vocabulary for both")
-
-
-def check_schedule(gamma, confidence) -> None:
-    """A clear error for a draft length or confidence stop of a self-drafter (HF's loop or the
-    fused one)."""
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma: tokens drafted per verification, an int >= 1, got {gamma!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
-            or not 0 <= confidence < 1:
-        raise ValueError(f"confidence: the drafter's probability below which a draft stops, in "
-                         f"[0, 1) (0: always gamma tokens), got {confidence!r}")
 
 
 def _shallow(module, config):
@@ -91,12 +81,12 @@ def _full_length_layers(prepare):
     return wrapped
 
 
-def shared_copy(model, gamma: int, confidence: float):
-    """The assistant: ``model`` over its own parameters, drafting up to ``gamma`` tokens per round
-    and stopping early where its trimmed confidence drops below ``confidence`` (0: always
-    ``gamma``)."""
+def shared_copy(model, settings: SelfDraftConfig):
+    """The assistant: ``model`` over its own parameters, drafting up to ``settings.gamma`` tokens
+    per round and stopping early where its trimmed confidence drops below ``settings.confidence``
+    (0: always ``gamma``)."""
     check(model)
-    check_schedule(gamma, confidence)
+    gamma, confidence = settings.gamma, settings.confidence
     config = decode_attention.copy_config(model.config)
     draft = _shallow(model, config)
     prefix = getattr(model, "base_model_prefix", "")

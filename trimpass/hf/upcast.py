@@ -14,7 +14,7 @@ never assumed: on a CPU with AMX or AVX-512 BF16 the native product wins and not
 ``TRIMPASS_UPCAST`` forces either way. One row always takes the native product, plain decoding's
 own computation. Both ways accumulate in fp32 and round once, so they differ by at most one ulp,
 a rounding difference of the kind two products of one row already have; the greedy rule computes
-every near-tie row of the head again alone (:func:`trimpass.hf.accept.greedy`).
+every near-tie row of the head again alone (:func:`trimpass.spec.verify.greedy`).
 """
 from __future__ import annotations
 

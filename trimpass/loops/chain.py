@@ -12,6 +12,7 @@ import torch
 
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import Stopwatch
+from trimpass.spec import verify
 
 
 def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
@@ -20,7 +21,8 @@ def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def exact_accept(p_target: torch.Tensor, q_draft: torch.Tensor, x: int, u: float) -> bool:
-    return u * float(q_draft[x]) <= float(p_target[x])
+    """Speculative sampling's rule (:func:`trimpass.spec.verify.kept`) for drafted ``x``."""
+    return bool(verify.kept(p_target[x], q_draft[x], u))
 
 
 @torch.no_grad()
@@ -50,25 +52,18 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, gamma: int = 4,
             seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
         tl = target_call(logits_of, target, seq)[0, ids.shape[1] - 1:]  # [n + 1, V]
         drafts = seq[0, ids.shape[1]:].tolist()
-        out = []
-        for i, x in enumerate(drafts):  # verify
-            if greedy:
-                ok = int(tl[i].argmax()) == x
-            else:
+        if greedy:  # the target's own logits: no second product to be row-invariant against
+            out, n_acc, _ = verify.greedy_round(lambda z: z, tl, seq[0, ids.shape[1]:])
+        else:
+            n_acc = 0
+            for i, x in enumerate(drafts):  # one uniform per drafted token, as the paper draws
                 u = float(torch.rand(1, generator=generator, dtype=torch.float64))
-                ok = accept(dist(tl[i]), qs[i], x, u)
-            if not ok:
-                break
-            out.append(x)
-        n_acc = len(out)
-        if n_acc < len(drafts):  # the target's correction at the first rejection
-            if greedy:
-                out.append(int(tl[n_acc].argmax()))
-            else:
-                resid = (dist(tl[n_acc]) - qs[n_acc]).clamp_min(0)
-                out.append(pick(resid / resid.sum()))
-        else:  # all accepted: the bonus token
-            out.append(int(tl[n_acc].argmax()) if greedy else pick(dist(tl[n_acc])))
+                if not accept(dist(tl[i]), qs[i], x, u):
+                    break
+                n_acc += 1
+            out = drafts[:n_acc] + [
+                verify.residual_sample(dist(tl[n_acc]), qs[n_acc], generator)
+                if n_acc < len(drafts) else pick(dist(tl[n_acc]))]
         st.rounds += 1
         st.drafted += len(drafts)
         st.accepted += n_acc

@@ -9,6 +9,7 @@ lacks is the target's own. Every emitted token is the target's greedy choice: lo
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from trimpass.loops.chain import logits_of
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import Stopwatch
+from trimpass.spec import verify
 
 
 @torch.no_grad()
@@ -48,17 +50,11 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, depth: int = 4, top
         batch = torch.stack([torch.cat([ids[0], _pad(_path(ids, parent, token, n), L)])
                              for n in leaves])
         tl = target_call(logits_of, target, batch)  # [leaves, S + L, V]
-        S = ids.shape[1]
-        out, cur = [], 0
-        while True:
-            leaf = next(i for i, n in enumerate(leaves) if _on_path(parent, n, cur))
-            t = int(tl[leaf, S - 1 + len(out)].argmax())
-            out.append(t)
-            child = next((n for n in range(1, len(token)) if parent[n] == cur and token[n] == t),
-                         None)
-            if child is None or len(out) >= max_new - st.emitted:
-                break
-            cur = child
+        children = {}
+        for n in range(1, len(token)):
+            children.setdefault((parent[n], token[n]), n)
+        target_next = functools.partial(_target_next, tl, leaves, parent, ids.shape[1])
+        out = verify.greedy_walk(children, target_next, max_new - st.emitted)
         st.rounds += 1
         st.drafted += len(token) - 1
         st.accepted += len(out) - 1
@@ -67,6 +63,15 @@ def generate(target, draft, ids: torch.Tensor, max_new: int, depth: int = 4, top
         ids = torch.cat([ids, ids.new_tensor([out])], dim=1)
     st.seconds = time.perf_counter() - t0
     return ids, st
+
+
+def _target_next(tl, leaves, parent, S: int, node: int) -> int:
+    """The target's own token after ``node``: its argmax at ``node``'s depth on a leaf's path."""
+    leaf = next(i for i, n in enumerate(leaves) if _on_path(parent, n, node))
+    depth = 0
+    while node > 0:
+        node, depth = parent[node], depth + 1
+    return int(tl[leaf, S - 1 + depth].argmax())
 
 
 def _path(ids, parent, token, n) -> torch.Tensor:

@@ -22,7 +22,8 @@ from trimpass.serving import vllm_kv
 from trimpass.serving import vllm_settings as front
 from trimpass.serving.vllm_check import CheckedTrimmer
 from trimpass.serving.vllm_trim import Trimmer
-from trimpass.spec.lookup import RequestLookups
+from trimpass.spec.config import LookupConfig
+from trimpass.spec.proposers.lookup import LookupProposer
 
 _drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _process = {"proposals": 0, "propose_s": 0.0}  # in this process, trimmed or not (benchmarks)
@@ -47,7 +48,7 @@ class DrafterState:
         self.skipped_whole = 0  # proposals skipped before vLLM prepared them
         self.budget_s = 0.0  # seconds of the budget's own work (and its lookups'), on the host
         self._decided = _UNDECIDED  # the budget's decision for the proposal under way
-        self.lookups: RequestLookups | None = None  # the requests' lookup indexes, once drafted
+        self.lookups: LookupProposer | None = None  # the requests' lookup indexes, once drafted
         self._proposals = None  # this proposal's lookup drafts, for begin_drafting
 
     # ---- engine steps --------------------------------------------------------------------------
@@ -120,8 +121,8 @@ class DrafterState:
         b = self.budget
         b.accepted(batch.req_ids, emitted)
         if b.settings["lookup"] and gamma and no_probs and ids is not None:
-            self._proposals = self._lookups(b.settings["lookup"]).drafts(
-                batch.req_ids, batch.lengths, batch.tokens, ids(), gamma)
+            self._proposals = self._lookups(b.settings["lookup"]).draft(
+                batch.req_ids, batch.lengths, batch.tokens, ids(), gamma).per_request()
         if gamma is None or not b.shares_cache:
             return None
         run = b.begin(len(batch.req_ids), gamma, tokens, self._proposals)
@@ -131,11 +132,11 @@ class DrafterState:
         self.skipped_whole += 1
         return b.cut(torch.empty(len(batch.req_ids), 0, dtype=torch.long), batch.req_ids)
 
-    def _lookups(self, settings: dict) -> RequestLookups:
-        lk = self.lookups
-        if lk is None or (lk.tokens, lk.ngram) != (settings["tokens"], settings["ngram"]):
-            lk = self.lookups = RequestLookups(settings["tokens"], settings["ngram"])
-        return lk
+    def _lookups(self, settings: dict) -> LookupProposer:
+        config = LookupConfig(tokens=settings["tokens"], ngram=settings["ngram"])
+        if self.lookups is None or self.lookups.config != config:
+            self.lookups = LookupProposer(config)
+        return self.lookups
 
     def after_proposal(self, draft):
         if self.budget is None:

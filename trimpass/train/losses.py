@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from trimpass.spec import verify
+
 __all__ = ["greedy_acceptance", "sampling_acceptance", "expected_length", "kl_loss", "eal_loss",
            "wtv_loss", "group_advantages", "grpo_objective", "simulate_greedy",
            "simulate_sampling"]
@@ -322,7 +324,7 @@ def simulate_greedy(draft_ids, target_ids):
     _tensor("target_ids", target_ids, 2, "int", "[N, L]")
     N, _, L = draft_ids.shape
     _same("target_ids", target_ids, (N, L), "the target's greedy tokens [N, L]")
-    return (draft_ids == target_ids.unsqueeze(1)).long().cumprod(-1).sum(-1)
+    return verify.accepted(draft_ids == target_ids.unsqueeze(1))
 
 
 @torch.no_grad()
@@ -360,4 +362,4 @@ def simulate_sampling(draft_ids, draft_probs, target_probs, generator=None):
     q = draft_probs.gather(-1, idx).squeeze(-1).float()
     p = target_probs.gather(-1, idx).squeeze(-1).float()
     u = torch.rand(q.shape, generator=generator, device=q.device)
-    return (u * q < p).long().cumprod(-1).sum(-1)  # u < p / q without dividing by q
+    return verify.accepted(verify.kept(p, q, u))

@@ -1,0 +1,103 @@
+"""The fused loop's body: a Hugging Face causal LM's body compiled as one step (its trimmed head
+included when it drafts), over the loop's own static KV cache. Every layer is a full-length static
+layer (a sliding-window layer's mask still applies the window), so rolling back is setting the
+cache's length; the prompt is prefilled in passes whose row count is dynamic, and the cache's
+length is dynamic in the compiled graphs, so the first call compiles both graphs the loop runs and
+no later prompt compiles another (:mod:`trimpass.hf.buckets`). ``hooks`` hear of each new request,
+rollback and pass (diagnostics: :mod:`trimpass.diagnostics.replay`); the body reads nothing
+back."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers.cache_utils import Cache
+
+from trimpass.hf import buckets, upcast
+from trimpass.hf.full_head import FullHead
+from trimpass.hf.step import Step
+
+
+class Body:
+    """``model``'s compiled step (through ``backend`` with its trimmed head when ``speculate``,
+    else head-less through ``plain``, the inner compiler alone), its full head and its cache."""
+
+    def __init__(self, model, speculate: bool, backend, plain):
+        self.model, self.speculate, self.backend = model, speculate, backend
+        self.step = Step(model, head=speculate).eval()
+        # several rows' linears upcast where this CPU multiplies half precision slowly
+        self.rows = upcast.RowsBackend(backend if speculate else plain,
+                                       model.get_output_embeddings().weight.shape)
+        self.step.compile(backend=self.rows)
+        self.head = FullHead(model)
+        self.device = self.head.weight.device
+        self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
+        self.hooks: list = []  # objects with on_request / on_rollback / on_pass, any of them
+
+    def tell(self, event: str, *args) -> None:
+        for hook in self.hooks:
+            getattr(hook, event, lambda *a: None)(*args)
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """Body passes that no hook hears of (a diagnostic's own computation)."""
+        kept, self.hooks = self.hooks, []
+        try:
+            yield
+        finally:
+            self.hooks = kept
+
+    def fresh_cache(self, prompt: int, new: int) -> Cache:
+        """An empty cache for a prompt of ``prompt`` tokens and ``new`` more (a new size is a new
+        cache, not a new graph: the length dimension is dynamic in both graphs)."""
+        capacity = buckets.capacity_for(prompt + new, self.context)
+        if capacity != self.capacity:
+            self.cache, self.capacity = None, 0  # the old cache's memory first
+            self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
+        self.rollback(0)
+        return self.cache
+
+    def rollback(self, length: int) -> None:
+        self.tell("on_rollback", length)
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(length)
+
+    def run(self, ids: torch.Tensor, at: int):
+        """One body pass over ``ids[1, n]`` from position ``at``: every row's hidden state, the last
+        row's, and its trimmed logits. One token runs the one-token step's graph; more run one
+        graph whose row count is dynamic (a prompt's chunk, a verification: any length)."""
+        # a slice of a longer prompt keeps that prompt's row stride, and Dynamo guards on strides
+        ids = torch.empty_like(ids, memory_format=torch.contiguous_format).copy_(ids)
+        self.tell("on_pass", at, ids)
+        positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
+        if ids.shape[1] > 1:
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+            torch._dynamo.maybe_mark_dynamic(positions, 1)
+        row = torch.tensor([ids.shape[1] - 1], device=ids.device)
+        out = self.step(ids, positions, row, self.cache)
+        state = self.backend.state_for(self.step) if self.speculate else None
+        if state is not None:
+            state.upkeep()  # a replayed step runs none of the state's Python
+        return out
+
+    def token(self, token: int, at: int):
+        """(h, trimmed logits) of one one-token pass over ``token`` at ``at``."""
+        return self.run(torch.tensor([[token]], device=self.device), at)[1:]
+
+    def rows_of(self, tokens: list[int], at: int) -> torch.Tensor:
+        """Every row's hidden state of one pass over ``tokens`` from ``at`` (a verification)."""
+        return self.run(torch.tensor([tokens], device=self.device), at)[0].clone()
+
+    def prefill(self, ids: torch.Tensor):
+        """The prompt in passes of up to ``buckets.CHUNK`` tokens; returns the last row's (h,
+        logits)."""
+        for start in range(0, ids.shape[1], buckets.CHUNK):
+            h, z = self.run(ids[:, start:start + buckets.CHUNK], start)[1:]
+        self.rollback(ids.shape[1])
+        return h, z
+
+    def reset_rows(self) -> None:
+        """A new request in the trimmed head's state: its context ids, not the last one's."""
+        state = self.backend.state_for(self.step) if self.speculate else None
+        if state is not None and state.V is not None:
+            state.reset()
