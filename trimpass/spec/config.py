@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 POLICIES = {"dcut": True, "all-or-nothing": True, "fixed": False, "none": False, "off": False}
 PROBE = 1 / 16  # the share of skipped seconds a budget's probes may spend
 WHOLE = "a positive integer"
+LOOKUP_TOKENS = 15  # the fused loop's lookup drafts: verified in one batched pass
 
 
 def positive_int(name: str, value, what: str, kind: str = "an int >= 1") -> None:
@@ -47,7 +48,7 @@ class LookupConfig:
     """Lookup drafts: after the text's longest recurring suffix of ``min_match`` to ``ngram``
     tokens, up to ``tokens`` tokens that followed it (``None``: the engine's draft length). Match
     lengths above ``match_cap`` are priced together."""
-    tokens: int | None = 15  # the fused loop's: verified in one batched pass
+    tokens: int | None = LOOKUP_TOKENS
     ngram: int = 4
     min_match: int = 1
     match_cap: int = 4
@@ -67,7 +68,7 @@ class LookupConfig:
         return min(match, self.match_cap)
 
     @classmethod
-    def of(cls, value, default_tokens: int | None = 15) -> LookupConfig | None:
+    def of(cls, value, default_tokens: int | None = LOOKUP_TOKENS) -> LookupConfig | None:
         """``True`` (the defaults, ``default_tokens`` tokens), ``False``/``None`` (off), an int
         (tokens), a dict of fields or a LookupConfig."""
         if value is None or value is False:
