@@ -11,11 +11,12 @@ as a user would, on ShareGPT prompts. Printed: draft ms per call, a per-round br
 verify ms -> MAT), acceptance, tokens/s, and each drafter's speedup over the plain target run in
 turn with it, prompt by prompt (that target's tokens/s printed beside it), lossless ✓/✗ (a batched
 verification rounds otherwise than one-token decoding: the fused loop's always, Hugging Face's in
-fp32; each output that differs is shown to be a near-tie or marks ✗, :mod:`trimpass.hf.divergence`),
-which model ran; a PNG shows the speedups, draft ms per call and MAT. If the model package is
-missing, a small random-weight Gemma-3 stands in, and the table says so. Each phase (loading, each
-route's compile, each prompt) logs a timestamped line on stderr as it ends, with about how long the
-rest will take, so a log file shows the run as it goes; a terminal also shows progress bars."""
+fp32; each output that differs is shown to be a near-tie or marks ✗,
+:mod:`trimpass.diagnostics.divergence`), which model ran; a PNG shows the speedups, draft ms per
+call and MAT. If the model package is missing, a small random-weight Gemma-3 stands in, and the
+table says so. Each phase (loading, each route's compile, each prompt) logs a timestamped line on
+stderr as it ends, with about how long the rest will take, so a log file shows the run as it goes; a
+terminal also shows progress bars."""
 from __future__ import annotations
 
 import contextlib
@@ -363,10 +364,7 @@ def _main(args) -> int:
     import transformers
     transformers.logging.set_verbosity_error()  # generate()'s deprecation chatter, per call
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype, why, warning = dtypes.resolve(args.dtype, device)
-    print(why, flush=True)
-    if warning:
-        log.warning("warning: %s", warning)
+    dtype = dtypes.settle(args, device)  # prints which and why, and warns on the slow path
     model, tok, name = _model(dtype)
     model.to(device)
     plain = model  # what a user runs without trimpass: every speedup is against it

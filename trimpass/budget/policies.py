@@ -18,8 +18,6 @@ from trimpass.budget.costmodel import CostTable
 from trimpass.budget.dcut import dcut, draft_more, drafting_pays, next_step_pays
 from trimpass.spec.config import BudgetConfig
 
-PROBE = BudgetConfig.probe  # the probe setting's default
-
 
 class Policy:
     """Keep every drafted token, draft as far as the engine asks (the ``off`` policy)."""

@@ -133,10 +133,10 @@ class DrafterState:
         return b.cut(torch.empty(len(batch.req_ids), 0, dtype=torch.long), batch.req_ids)
 
     def _lookups(self, settings: dict) -> LookupProposer:
-        config = LookupConfig(tokens=settings["tokens"], ngram=settings["ngram"])
-        if self.lookups is None or self.lookups.config != config:
-            self.lookups = LookupProposer(config)
-        return self.lookups
+        lk, want = self.lookups, (settings["tokens"], settings["ngram"])
+        if lk is None or (lk.config.tokens, lk.config.ngram) != want:
+            lk = self.lookups = LookupProposer(LookupConfig(tokens=want[0], ngram=want[1]))
+        return lk
 
     def after_proposal(self, draft):
         if self.budget is None:
