@@ -148,7 +148,7 @@ def report(rows: list[dict], out_png: str) -> None:
             print(f"  c={c}: K {hist}; drafting depth {depth}")
     table = spec[-1]["table"]
     print("\nMeasured verification cost C(B, B + K) / C(B, B) (the cut's cost model, end of run):")
-    from trimpass.budget import CostTable
+    from trimpass.spec.control import CostTable
     t = CostTable.from_dict(table)
     for b in (1, 4, 16, 64):
         ks = [0, b, 2 * b, 4 * b, 8 * b]

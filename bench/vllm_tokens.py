@@ -58,8 +58,8 @@ def serve(a) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from trimpass.budget import CostTable
     from trimpass.serving import vllm as tv
+    from trimpass.spec.control import CostTable
     target, drafter = os.path.join(a.dir, "target"), os.path.join(a.dir, "drafter")
     if a.config == "none":  # the same KV-cache layout as the speculative runs
         args = {"model": target, "disable_hybrid_kv_cache_manager": True}
@@ -132,7 +132,7 @@ def _counters(llm) -> dict:
     m = {x.name: getattr(x, "value", 0) for x in llm.get_metrics()}
     s = tv.stats(llm)
     b = s.get("budget", {})
-    return {"skipped": b.get("skipped", 0) + b.get("skipped_first_forward_ran", 0),
+    return {"skipped": b.get("skipped", 0),
             "probes": b.get("probes", 0), "plain_probes": b.get("plain_probes", 0),
             "plain_steps": s.get("plain_steps", 0),
             "accepted": m.get("vllm:spec_decode_num_accepted_tokens", 0),

@@ -16,10 +16,10 @@ PACKAGES = {"trimpass": os.path.join(ROOT, "trimpass"), "trimpass.kernels": os.p
 # compiled step runs, so nothing of the step imports them.
 FLOORS = {
     "base": 0, "shapes": 0, "vocab": 0, "cache": 0, "progress": 0, "isotonic": 0, "lowrank": 0,
-    "spec": 0, "dtypes": 0,
+    "dtypes": 0,
     "kernels": 1, "measure": 1, "config": 1,
-    "compact": 2, "budget": 2, "loops": 2,
-    "ops": 3,
+    "compact": 2, "spec": 2,
+    "ops": 3, "loops": 3,
     "dynamic": 4, "hf": 4,
     "graph": 5, "models": 5,
     "backend": 6,

@@ -201,7 +201,8 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     ``lookup`` (default True) adds free drafts from the text repeating itself: where the text's
     suffix occurred before, the tokens that followed it (up to 15, or ``lookup`` tokens) are
     verified in one batched body pass, chosen per round over the trimmed self-draft by expected
-    tokens per ms (:mod:`trimpass.hf.lookup`); ``lookup=False`` drafts with the trimmed head alone
+    tokens per second by the speculation core's controller (:mod:`trimpass.spec.control`);
+    ``lookup=False`` drafts with the trimmed head alone
     (a dict of :class:`~trimpass.spec.config.LookupConfig`'s fields, or one, sets more). The
     settings are checked once, as a :class:`~trimpass.spec.config.GenerateConfig`.
     ``output_cache`` (an :class:`OutputCache`; default None, off) adds this model's earlier outputs

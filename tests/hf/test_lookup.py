@@ -9,79 +9,7 @@ import torch
 import trimpass
 from tests.graph.test_hf import V
 from tests.hf.test_fused import FAST, MODELS, _decode, _exact_marginals, peaked_llama
-from trimpass.hf.lookup import PROBE, PROBE_MAX, Chooser
-
-
-def test_the_choice_follows_tokens_per_ms():
-    c = Chooser(gamma=8, match_cap=4)
-    c.time("step_ms", 10.0)
-    c.time("verify_ms", 12.0)
-    assert not c.use_lookup(0) and not c.prefers_lookup(0)  # nothing recurs: nothing to verify
-    for _ in range(20):  # self-drafts emit 6 tokens in 6 steps (0.1 tokens/ms)
-        c.self_tokens.add(0, 6)
-        c.self_steps.add(0, 6)
-    for _ in range(20):  # one-token matches keep nothing: 1 token in 12 ms
-        c.lookup.add(1, 1)
-    assert not c.prefers_lookup(1)
-    for _ in range(20):  # four-token matches keep 5: 6 tokens in 12 ms
-        c.lookup.add(4, 6)
-    assert c.prefers_lookup(4) and c.prefers_lookup(7)
-
-
-def test_lookup_is_probed_at_a_requests_first_match_then_less_often_while_it_keeps_losing():
-    c = Chooser(gamma=8, match_cap=4)
-    c.time("step_ms", 10.0)
-    c.time("verify_ms", 60.0)  # a cost that once ran high: lookup is never preferred
-    assert not c.prefers_lookup(4)
-    assert not c.use_lookup(0)  # no match: no probe
-    assert c.use_lookup(2)  # the request's first match
-    waits = [PROBE, 2 * PROBE, 4 * PROBE] + [PROBE_MAX] * 3  # probes in a row back off
-    assert 4 * PROBE < PROBE_MAX
-    picks = [c.use_lookup(2) for _ in range(sum(waits) + len(waits) + 3)]
-    assert picks == sum(([False] * w + [True] for w in waits), []) + [False] * 3
-    c.new_request()
-    assert c.use_lookup(1)
-    for _ in range(20):  # lookup now pays: chosen on its record, the wait starts again
-        c.lookup.add(4, 12)
-    assert c.use_lookup(4) and c.use_lookup(4)
-    for _ in range(20):  # one-token matches kept nothing
-        c.lookup.add(1, 1)
-    picks = [c.use_lookup(1) for _ in range(PROBE + 1)]
-    assert picks == [False] * PROBE + [True]
-
-
-def test_a_match_length_not_yet_seen_starts_from_what_lookup_did_at_the_others():
-    c = Chooser(gamma=8, match_cap=4)
-    c.time("step_ms", 10.0)
-    c.time("verify_ms", 25.0)
-    for _ in range(3):  # self-drafts keep 8 of 8: 0.1 tokens / ms, prior or not
-        c.self_tokens.add(0, 8)
-        c.self_steps.add(0, 8)
-    assert not c.prefers_lookup(4)  # the prior alone: 2 tokens in 25 ms
-    c.lookup.add(2, 16)  # a two-token match kept a whole proposal of 15
-    # a four-token match, never seen: (0 + (16 + 2) / 2) / 1 = 9 tokens in 25 ms
-    assert c.prefers_lookup(4)
-
-
-def test_a_passed_over_proposal_is_recorded_from_the_tokens_its_round_emitted():
-    c = Chooser(gamma=8, match_cap=4)
-    c.unchosen(3, [5, 6, 7, 9], [5, 6, 7, 8, 2])  # parts at the fourth: 3 kept, 1 emitted
-    c.unchosen(4, [5, 6], [5, 6, 7])  # all of it kept, and the head's own token after it
-    c.unchosen(7, [5, 6, 7, 8], [5, 6])  # agrees as far as the round went: at least 3
-    c.unchosen(1, [4], [5, 6])  # the first token differs: the head's own alone
-    assert c.lookup.tokens == {3: 4, 4: 3 + 3, 1: 1}
-    assert c.lookup.rounds == {3: 1, 4: 2, 1: 1}
-    # a lookup round that kept nothing, then self-drafts keeping 8 of 8 while the proposal agrees
-    c = Chooser(gamma=8, match_cap=4)
-    c.time("step_ms", 10.0)
-    c.time("verify_ms", 25.0)
-    c.lookup.add(4, 1)
-    for _ in range(3):
-        c.self_tokens.add(0, 8)
-        c.self_steps.add(0, 8)
-    assert not c.prefers_lookup(4)  # (1 + 1.5) / 2 = 1.25 tokens in 25 ms against 0.1 / ms
-    c.unchosen(4, list(range(15)), list(range(8)))
-    assert c.prefers_lookup(4)  # (1 + 9 + 4) / 3 = 4.7 tokens in 25 ms
+from trimpass.spec.control.controller import Controller, Plan
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llama"])
@@ -103,18 +31,18 @@ def test_greedy_with_lookup_is_the_plain_output_with_both_sources_in_the_call(na
     assert torch.equal(got, plain) and torch.equal(got, _decode(model, ids, 48))
 
 
-def test_the_loop_records_each_proposal_a_self_draft_round_passed_over(monkeypatch):
+def test_the_loop_prices_each_proposal_a_self_draft_round_passed_over(monkeypatch):
     torch._dynamo.reset()
     torch.manual_seed(3)
     model = MODELS["llama"]().eval()
     ids = torch.randint(0, V, (1, 10)).repeat(1, 3)  # every round has a proposal
-    monkeypatch.setattr(Chooser, "use_lookup", lambda self, match: False)
+    monkeypatch.setattr(Controller, "plan", lambda self, batch, gamma, *a, **k: Plan(gamma))
     got = trimpass.generate(model, ids, 30, gamma=4, learn_core=64, **FAST)
-    st, record = trimpass.stats(model), model._trimpass_fused.chooser.lookup
+    st, record = trimpass.stats(model), model._trimpass_fused.controller.prices["lookup"]
     assert st["sources"]["lookup"]["rounds"] == 0 and st["sources"]["self"]["rounds"] > 0
     # every round but those with no proposal (nothing recurs yet; a budget of one token)
-    assert 0 < sum(record.rounds.values()) <= st["sources"]["self"]["rounds"]
-    assert sum(record.tokens.values()) >= sum(record.rounds.values())
+    assert 0 < record.reached[:, 0].sum() <= st["sources"]["self"]["rounds"]
+    assert record.kept.sum() > 0  # the text repeats: the passed-over drafts would have kept some
     assert torch.equal(got, _decode(model, ids, 30))
 
 

@@ -157,9 +157,8 @@ def test_dcut_in_vllm_is_lossless_and_verifies_per_request_prefixes(runs, dcut_r
     assert dc["policy"] == "dcut"
     # the requests' own text drafted too, priced by what the target accepted of it
     assert dc["lookup_rows"] > 0 and 0 < dc["lookup_accepted"] <= dc["lookup_sent"]
-    assert sum(dc["lookup"]["reached"]) > 0
+    assert sum(dc["lookup_price"]["reached"]) > 0 and sum(dc["self_price"]["reached"]) > 0
     assert dc["verified_mixed"] > 0  # one step verified drafts of different lengths
-    assert dc["stopped_early"] > 0  # drafting ended before gamma_max when nothing more could pay
     assert int(min(dc["kept"], key=int)) < int(max(dc["kept"], key=int))  # K varies by step
     fx = dcut_run["fixed"]["budget"]
     assert fx["policy"] == "fixed" and fx["gamma"] == 1

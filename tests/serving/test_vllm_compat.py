@@ -115,3 +115,20 @@ def test_no_other_module_imports_vllm_or_touches_its_private_or_patched_names():
             elif isinstance(node, ast.Attribute) and node.attr in names:
                 wrong.append(f"{path}:{node.lineno}: .{node.attr}")
     assert wrong == []
+
+
+def test_the_adapter_is_named_functions_and_one_proposer_class_of_bounded_size():
+    import ast
+    import inspect
+
+    from trimpass.serving import vllm_state
+    from trimpass.spec.control import controller
+    assert len(compat.WRAPPERS) == len(compat.PATCHES)  # one named wrapper per patched symbol
+    for fn in compat.WRAPPERS:
+        n = len(inspect.getsource(fn).splitlines())
+        assert n <= 40, f"{fn.__name__}: {n} lines"
+    for module, name in ((vllm_state, "Proposer"), (controller, "Controller")):
+        cls = next(n for n in ast.walk(ast.parse(inspect.getsource(module)))
+                   if isinstance(n, ast.ClassDef) and n.name == name)
+        assert cls.end_lineno - cls.lineno + 1 <= 200, f"{name}: over 200 lines"
+    assert not hasattr(vllm_state.Hooks, "stop") and not hasattr(controller, "StopDrafting")

@@ -14,7 +14,7 @@ from trimpass.serving import vllm_compat as compat
 from trimpass.serving import vllm_kv, vllm_state
 
 HOOKS = vllm_state.Hooks(startup=None)
-WRAP = compat._wrappers(HOOKS)
+WRAP = dict(zip(compat.PATCHES, compat.WRAPPERS, strict=True))
 
 
 @dataclasses.dataclass
@@ -76,12 +76,12 @@ def _install(cls):
     wrapped = {}
     for name in ("propose", "set_inputs_first_pass"):
         place = next(p for p in compat.PATCHES if p.endswith("SpecDecodeBaseProposer." + name))
-        wrapped[name] = WRAP[place](getattr(cls, name))
+        wrapped[name] = WRAP[place](HOOKS, getattr(cls, name))
     return type(cls.__name__, (cls,), wrapped)
 
 
 def _shared(p):
-    st = vllm_state.DrafterState(None, None, True, plain=None)
+    st = vllm_state.Proposer(None, None, True, plain=None)
     st.cache_shared = True
     vllm_state._drafters[p] = st
     return st

@@ -41,15 +41,15 @@ def test_paused_steps_run_no_drafter_forward_and_stay_lossless(skips):
         assert skips[name]["violations"] == 0 and skips[name]["calls"] > 0, name
     shared, own = skips["shared"]["budget"], skips["own"]["budget"]
     assert shared["shares_cache"] and not own["shares_cache"]
-    assert shared["skipped"] > 0 and "skipped_first_forward_ran" not in shared
+    assert shared["skipped"] > 0
     # the shared cache's first forward ran over each request's next token alone
     assert skips["shared"]["shared_cache"]["first_pass_rows"] > 0
     assert skips["own"]["shared_cache"] == {}
-    assert own["skipped_first_forward_ran"] == shared["skipped"] and "skipped" not in own
+    assert own["skipped"] == shared["skipped"]  # the same pauses: on its own cache, K = 0 ran
     assert skips["reference"]["budget"].get("skipped", 0) == 0
     for name in ("shared", "own"):  # K = 3 trimmed calls for each proposal that drafted
         assert skips[name]["calls"] == 3 * skips[name]["budget"]["proposals"], name
-    assert shared["resumed_sent"] > 0  # drafts sent right after a pause were verified
+    assert shared["self_accepted"] > 0  # drafts sent between the pauses were verified
 
 
 def test_after_skipped_steps_the_drafters_logits_equal_a_run_that_skipped_nothing(skips):

@@ -45,6 +45,16 @@ def _batch(tokens: dict):
     return compat.Batch(ids, [len(tokens[r]) for r in ids], array)
 
 
+def _propose(st, batch, emitted=None, gamma=3, tokens=None):
+    """One proposal through the proposer; vLLM's own proposal (``run``) records its depth."""
+    ran = []
+    emitted = [[] for _ in batch.req_ids] if emitted is None else emitted
+    got = st.draft(batch, lambda: emitted, lambda depth: ran.append(depth), gamma=gamma,
+                   tokens=len(batch.req_ids) if tokens is None else tokens, greedy=True,
+                   device="cpu")
+    return got, ran
+
+
 def _step(st, scheduled, resumed=()):
     st.step(compat.Step({r: 1 for r in scheduled}, set(resumed), {}, len(scheduled)),
             lambda: None, verify=None, device="cpu", max_tokens=8)
@@ -57,7 +67,7 @@ def _row(st, rid):
 
 def test_the_state_is_trimpass_own_and_nothing_is_set_on_the_proposer():
     hooks, p, st = _load()
-    assert type(st.trimmer) is Trimmer and st.budget is None and vars(p) == {}
+    assert type(st.trimmer) is Trimmer and st.controller is None and vars(p) == {}
     assert hooks.state(object()) is None and hooks.state(1) is None  # another object: vLLM's own
     assert type(_load(check=True)[2].trimmer) is CheckedTrimmer
 
@@ -65,7 +75,7 @@ def test_the_state_is_trimpass_own_and_nothing_is_set_on_the_proposer():
 def test_an_aborted_requests_row_is_released_in_the_step_the_runner_learns_it():
     _, _, st = _load()
     toks = {"a": [10, 11, 12], "b": [20, 21]}
-    st.before_proposal(_batch(toks), [])
+    _propose(st, _batch(toks))
     assert st.trimmer.rows.live == 2 and _row(st, "b") == set(KEEP) | {20, 21}
     _step(st, ["a"])  # b aborted (or finished): not scheduled this step, no proposal needed
     assert set(st.trimmer.state.requests) == {"a"} and st.trimmer.rows.live == 1
@@ -75,40 +85,35 @@ def test_an_aborted_requests_row_is_released_in_the_step_the_runner_learns_it():
 
 def test_a_resumed_request_is_rebuilt_from_its_own_tokens():
     _, _, st = _load()
-    st.before_proposal(_batch({"a": [10, 11, 12], "b": [20, 21]}), [])
+    _propose(st, _batch({"a": [10, 11, 12], "b": [20, 21]}))
     st.trimmer.state.admit(torch.tensor([[40, 41]]), None, learn=False,
                            rows=torch.tensor([st.trimmer.state.requests["a"]]))  # a stale row
     assert {40, 41} <= _row(st, "a")
     _step(st, ["a", "b"], resumed=["a"])  # a resumes after preemption: its row is released...
     assert "a" not in st.trimmer.state.requests
-    st.before_proposal(_batch({"a": [10, 11, 12, 13], "b": [20, 21]}), [])
+    _propose(st, _batch({"a": [10, 11, 12, 13], "b": [20, 21]}))
     assert _row(st, "a") == set(KEEP) | {10, 11, 12, 13}  # ...and rebuilt from its own tokens
 
 
 def test_a_proposal_skipped_whole_runs_nothing_and_the_rows_catch_up_at_the_next_draft():
-    from trimpass.budget import CostTable
-    from trimpass.budget.runner import PolicyRunner
+    from trimpass.spec.control import CostTable
+    from trimpass.spec.control.controller import Controller
+    from trimpass.spec.control.costs import ChainCosts
     _, _, plain = _load()
     table = CostTable([1, 4], [0, 12], [[1.0, 2.0], [1.0, 2.0]]).to_dict()
-    runner = PolicyRunner({"policy": "none", "table": table}, 3, shares_cache=True)
-    st = vllm_state.DrafterState(plain.trimmer, runner, True, plain=None)
+    c = Controller({"policy": "none", "table": table}, 3, ChainCosts(table, shares_cache=True))
+    st = vllm_state.Proposer(plain.trimmer, c, True, plain=None)
     toks = {"a": [10, 11, 12], "b": [20, 21], "c": [30]}
-    got = st.before_proposal(_batch(toks), [1, 1, 1], gamma=3, tokens=3)
-    assert got == [[], [], []] and st.trimmer.rows.live == 0  # no row built, nothing drafted
+    got, ran = _propose(st, _batch(toks), [[1]] * 3)
+    assert got == [[], [], []] and not ran and st.trimmer.rows.live == 0  # nothing built or run
     for step in range(4):  # more skipped proposals; c leaves the batch after the first
         _step(st, ["a", "b"] if step else ["a", "b", "c"])
         toks = {"a": toks["a"] + [13 + step], "b": toks["b"] + [22 + step]}
-        assert st.before_proposal(_batch(toks), [1, 1], gamma=3, tokens=2) == [[], []]
-        st.end_proposal()
-    assert st.trimmer.rows.live == 0 and runner.counts["skipped"] == st.skipped_whole == 5
-    runner.set({"policy": "fixed", "gamma": 2})  # the next proposal drafts
-    decided, begin = [], runner.begin
-    runner.begin = lambda *a: decided.append(a) or begin(*a)
-    assert st.before_proposal(_batch(toks), [1, 1], gamma=3, tokens=2) is None
+        assert _propose(st, _batch(toks), [[1]] * 2) == ([[], []], [])
+    assert st.trimmer.rows.live == 0 and c.counts["skipped"] == st.skipped_whole == 5
+    c.set({"policy": "fixed", "gamma": 2})  # the next proposal drafts, as deep as planned
+    assert _propose(st, _batch(toks), [[1]] * 2)[1] == [2]
     assert _row(st, "a") == set(KEEP) | set(toks["a"])  # every token of the skipped steps
     assert _row(st, "b") == set(KEEP) | set(toks["b"])  # and no other request's
     assert "c" not in st.trimmer.state.requests
-    assert st.begin_drafting(2, 3, 2) == 3 and decided == [(2, 3, 2, None)]  # taken once, above
-    st.end_proposal()
-    assert st.begin_drafting(2, 3, 2) == 3 and len(decided) == 2  # no proposal under way: asks
     assert st.skipped_whole == 5

@@ -126,7 +126,7 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
     at every engine step ``i`` with ``i % 4`` in ``settings["pause"]`` (two consecutive pauses by
     default; ``[]`` pauses nothing). ``settings["stale"]`` makes the drafter skip its forwards
     without the target's cache (a negative control: the engine core runs in this process, where
-    :meth:`trimpass.serving.vllm_state.DrafterState.share_cache` is replaced by one that shares
+    :meth:`trimpass.serving.vllm_state.Proposer.share_cache` is replaced by one that shares
     nothing). Greedy outputs, the budget counters and each proposal's first drafted row (check
     mode)."""
     import collections
@@ -141,7 +141,7 @@ def skip_run(d: str, settings: dict, kw: dict) -> None:
         def share_nothing(state, pairs):
             state.cache_shared = True
             return {}
-        vllm_state.DrafterState.share_cache = share_nothing
+        vllm_state.Proposer.share_cache = share_nothing
     if settings.get("own_cache"):  # the drafter keeps its own cache, as vLLM's route does
         vllm_kv.same_model = lambda drafter, target: False
     sampling = count_sampling()

@@ -138,6 +138,6 @@ def test_defaults_are_each_routes_own_and_written_once():
 
 
 def test_budget_policies_are_the_budgets_own():
-    from trimpass.budget.policies import POLICIES
     from trimpass.spec.config import POLICIES as NAMES
+    from trimpass.spec.control.policies import POLICIES
     assert {n: p.reads_confidence for n, p in POLICIES.items()} == NAMES

@@ -24,13 +24,14 @@ import torch
 from trimpass import measure
 from trimpass.base import softmax_max
 from trimpass.config import disabled
-from trimpass.hf import lookup
 from trimpass.hf.body import Body
+from trimpass.hf.costs import RoundCosts
 from trimpass.hf.sampler import Sampler
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import compiled_graphs
 from trimpass.spec import verify
-from trimpass.spec.config import GenerateConfig, LookupConfig
+from trimpass.spec.config import BudgetConfig, GenerateConfig, LookupConfig
+from trimpass.spec.control.controller import Controller
 from trimpass.spec.proposers.lookup import LookupProposer
 
 log = logging.getLogger("trimpass")
@@ -85,8 +86,9 @@ class FusedStats(LoopStats):
 
 class FusedLoop:
     """The loop for one model and one :class:`GenerateConfig` (its sampling aside): its
-    :class:`~trimpass.hf.body.Body` (compiled step, full head, static cache), its chooser and
-    counters (kept on the model; ``model._trimpass_fused`` is the latest). ``proposer``: the class
+    :class:`~trimpass.hf.body.Body` (compiled step, full head, static cache), its controller
+    (the speculation core's, this loop a batch of one) and counters (kept on the model;
+    ``model._trimpass_fused`` is the latest). ``proposer``: the class
     of the lookup proposer each call builds (this loop a batch of one)."""
     proposer = LookupProposer
 
@@ -101,26 +103,32 @@ class FusedLoop:
         self.lookup = config.lookup if self.speculate else None
         self.lookup_tokens = 0 if self.lookup is None else self.lookup.tokens
         self.stats = FusedStats(name="fused")
-        self.chooser = lookup.Chooser(self.gamma, (config.lookup or LookupConfig()).match_cap)
+        self.costs = RoundCosts(self.gamma)
+        deepest = max(self.gamma, self.lookup_tokens)
+        self.controller = Controller(BudgetConfig(lookup=self.lookup or False).for_engine(deepest),
+                                     deepest, self.costs)
         self.warmed = False
 
     def warm_up(self) -> float:
         """Compile every graph the loop runs (the one-token step and the pass over many rows: a
-        prompt's chunk, a verification) on a scratch request, and time both for the chooser;
+        prompt's chunk, a verification) on a scratch request, and time the rounds' costs;
         returns the seconds it took (0 if they were compiled already)."""
         if self.warmed:
             return 0.0
         t0, graphs, body = time.perf_counter(), compiled_graphs(), self.body
         with torch.no_grad():
-            self.stats.head_upcast = self.head.calibrate()  # before the chooser times a round
+            self.stats.head_upcast = self.head.calibrate()  # before the costs time a round
             body.fresh_cache(2, WARM_ROWS)
             body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))  # many rows
             body.token(0, 2)  # the one-token step
-            if self.lookup_tokens:  # the chooser's first costs, each from the same cache length
-                for kind, run in (("step_ms", lambda: body.token(0, 2)),
-                                  ("verify_ms", lambda: self.head(body.rows_of([0] * WARM_ROWS,
-                                                                              2)))):
-                    self.chooser.time(kind, measure.best_ms(lambda r=run: (body.rollback(2), r())))
+            if self.lookup_tokens:  # the rounds' first costs, each from the same cache length
+                H = body.rows_of([0] * WARM_ROWS, 2).clone()
+                for name, run in (("step_s", lambda: body.token(0, 2)),
+                                  ("verify_s", lambda: self.head(body.rows_of([0] * WARM_ROWS,
+                                                                             2))),
+                                  ("head_s", lambda: self.head(H[:self.gamma]))):
+                    ms = measure.best_ms(lambda r=run: (body.rollback(2), r()))
+                    self.costs.time(name, ms / 1e3)
             body.reset_rows()  # the scratch request's ids leave nothing behind
         self.warmed, s = True, self.stats
         s.warm_up_s, s.graphs = time.perf_counter() - t0, compiled_graphs() - graphs
@@ -153,8 +161,7 @@ class FusedLoop:
             new, n = verify.sampled_round(sampler.target(self.head(H)), torch.cat(qs), d)
         self.stats.counted(len(hs), n, lookup_round=False)
         self.body.rollback(at + len(new))
-        self.chooser.self_tokens.add(0, len(new))
-        self.chooser.self_steps.add(0, len(hs))
+        self.controller.offer(0, "self", d.tolist(), len(hs))
         return new
 
     def _lookup_round(self, token: int, proposal: list[int], match: int, at: int,
@@ -171,31 +178,34 @@ class FusedLoop:
             p = sampler.target(self.head(H))
             new, n = verify.sampled_round(p, verify.point_mass(d, p.shape[1], p.dtype), d)
         self.stats.counted(len(proposal), n, lookup_round=True)
-        self.chooser.lookup.add(self.lookup.capped(match), len(new))
+        self.controller.offer(0, "lookup", proposal, len(proposal), match=match)
         self.body.rollback(at + len(new))
         return new
 
     def _next(self, text: list[int], new: list[int], budget: int, sampler, proposer) -> list[int]:
-        """One round after ``text`` (its last ``new`` tokens emitted last round): lookup where its
-        expected tokens per ms beat the trimmed self-draft's, else the self-draft; each timed for
-        the choice."""
+        """One round after ``text`` (its last ``new`` tokens emitted last round), as the
+        controller plans it: a lookup round (depth 0) where the lookup draft is priced to emit
+        more tokens per second than a trimmed self-draft, else the self-draft; each round is
+        timed for the costs, and every draft offered is priced against what the round emitted."""
         t0, token, at = time.perf_counter(), text[-1], len(text) - 1
         if not self.speculate:
             self.stats.body_steps += 1
             return [self._first(self.body.token(token, at)[0], sampler)]
         drafts = proposer.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
                                   budget - 1) if proposer is not None and budget > 1 else None
-        proposal, match = (drafts.row(0), drafts.match[0]) if drafts else ([], 0)
-        if proposal and self.chooser.use_lookup(match):
-            out = self._lookup_round(token, proposal, match, at, sampler)
-            self.chooser.time("verify_ms", 1e3 * (time.perf_counter() - t0))
-            return out
-        steps = self.stats.body_steps
-        out = self._self_round(token, at, budget, sampler)
-        self.chooser.time("step_ms", 1e3 * (time.perf_counter() - t0)
-                          / max(self.stats.body_steps - steps, 1))
-        if proposal:
-            self.chooser.unchosen(match, proposal, out)
+        look = drafts if drafts is not None and drafts.counts[0] else None
+        plan = self.controller.plan(1, self.gamma, look,
+                                    depths=(self.gamma,) if look is None else (0, self.gamma))
+        if look is not None and not plan.depth:
+            out = self._lookup_round(token, look.row(0), look.match[0], at, sampler)
+            self.costs.time("verify_s", time.perf_counter() - t0)
+        else:
+            steps = self.stats.body_steps
+            out = self._self_round(token, at, budget, sampler)
+            self.costs.self_round(self.stats.body_steps - steps, time.perf_counter() - t0)
+            if look is not None:
+                self.controller.offer(0, "lookup", look.row(0), 0, match=look.match[0])
+        self.controller.observe([0], [out])
         return out
 
     def _first(self, h, sampler) -> int:
@@ -216,7 +226,7 @@ class FusedLoop:
         h = self.body.prefill(input_ids.to(self.body.device))[0]
         text = input_ids[0].tolist() + [self._first(h, sampler)]
         proposer = self.proposer(self.lookup, outputs) if self.lookup_tokens else None
-        self.chooser.new_request()
+        self.controller.forget()
         new = text[P:]
         while len(text) - P < max_new_tokens and text[-1] not in eos:
             new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposer)

@@ -22,8 +22,6 @@ import hashlib
 import json
 import os
 
-from trimpass.budget.policies import POLICIES
-from trimpass.budget.policies import check_settings as check_budget
 from trimpass.cache import cache_dir
 from trimpass.config import TrimpassError, disabled
 from trimpass.serving import vllm_compat as compat
@@ -42,6 +40,8 @@ from trimpass.serving.vllm_settings import (  # noqa: F401  (the public face kee
     resolve_budget,
     vocab_size,
 )
+from trimpass.spec.control.policies import POLICIES
+from trimpass.spec.control.policies import check_settings as check_budget
 
 TESTED_VERSION = vllm_version.TESTED[-1]
 EXTRA_HINT = vllm_version.EXTRA_HINT
@@ -107,12 +107,12 @@ def engine_args(target_dir: str, drafter_dir: str | None = None, num_speculative
     mixing sliding and full attention layers also gets ``disable_hybrid_kv_cache_manager=True``
     (vLLM 0.32's draft-model route needs the drafter's layers in one KV-cache group).
 
-    ``budget`` turns on D-Cut (:mod:`trimpass.budget.runner`), trimmed or not: ``"dcut"``,
+    ``budget`` turns on D-Cut (:mod:`trimpass.spec.control.controller`), trimmed or not: ``"dcut"``,
     ``"all-or-nothing"``, ``{"policy": "fixed", "gamma": k}``, ``"none"`` (speculation paused),
     ``"off"``, or a dict that also sets ``buckets`` (allowed totals of verified drafted tokens)
     ``measure_s`` (seconds for the start-up cost measurement, <= 30) and ``probe`` (the share
     of the seconds saved by skipped proposals that probes, drafted anyway to keep the timings
-    current, may spend: in (0, 1], 1/16 by default; :mod:`trimpass.budget.probes`);
+    current, may spend: in (0, 1], 1/16 by default; :mod:`trimpass.spec.control.schedule`);
     ``num_speculative_tokens`` is then the longest draft (gamma_max). :func:`set_budget` changes
     the policy of a running engine. The target drafting for itself uses the target's own KV
     cache (:mod:`trimpass.serving.vllm_kv`): its first forward runs over each request's next

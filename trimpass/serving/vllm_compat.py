@@ -74,17 +74,17 @@ SYMBOLS = (
                                                         "sampled_token_ids", "sampling_metadata"),
            "one proposal for the batch; sampled_token_ids: each request's emitted tokens this step "
            "([B, 1 + K] with -1 where rejected, or lists)",
-           "rows follow the batch's requests before the drafter runs; the budget reads what was "
-           "accepted, prices each request's lookup draft (greedy batches), decides, and cuts the "
-           "drafts into per-request lists; a proposal it skips on the target's own cache returns "
-           "no drafter drafts before vLLM prepares it"),
+           "rows follow the batch's requests before the drafter runs; the controller learns what "
+           "the target emitted, prices each request's lookup draft (greedy batches), plans the "
+           "depth before drafting and cuts the drafts into per-request lists; a plan that drafts "
+           "nothing on the target's own cache returns before vLLM prepares anything"),
     Symbol(f"{_P}.propose", "patched", ("self", "num_speculative_tokens", "target_token_ids",
                                         "target_positions", "target_hidden_states",
                                         "next_token_ids"),
            "the drafter's first forward and its drafting loop; num_speculative_tokens=0 runs the "
            "first forward only",
-           "the budget skips a proposal or ends drafting early; the next-token first pass takes "
-           "num_rejected_tokens_gpu itself (see set_inputs_first_pass)"),
+           "on the target's own cache the next-token first pass takes num_rejected_tokens_gpu "
+           "itself (see set_inputs_first_pass)"),
     Symbol(f"{_P}.set_inputs_first_pass", "patched", ("self", "target_token_ids",
                                                       "next_token_ids", "target_positions",
                                                       "target_hidden_states",
@@ -95,8 +95,8 @@ SYMBOLS = (
     Symbol(f"{_P}._sample_draft_tokens", "patched", ("self", "hidden_states",
                                                      "sampling_metadata"),
            "every drafted token's logits and sampling (greedy or probabilistic), private",
-           "the drafter's logits come from the trimmed head over each request's active ids; the "
-           "budget records each token's confidence and may stop drafting"),
+           "the drafter's logits come from the trimmed head over each request's active ids; each "
+           "token's confidence stays on the device until the controller's cut reads them once"),
     Symbol(f"{_P}.dummy_run", "patched", ("self", "num_tokens"),
            "the drafter's part of the runner's dummy run",
            "the cost model times the target alone through the runner's dummy run"),
@@ -159,9 +159,6 @@ SYMBOLS = (
           ("logits_processor", (), "softcap, scale, vocabulary, shard gathering"))),
     Symbol("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.draft_id_to_target_id",
            "read", (), "an EAGLE-3 head's own vocabulary: row i scores target id i + d2t[i]"),
-    Symbol(f"{_P}._last_draft_probs", "written", (),
-           "the draft's probabilities [B, d, V] for vLLM's rejection sampler, private",
-           "a draft ended early keeps the probabilities of the tokens it has"),
     *(Symbol(f"{_LP}.{a}", "read", meaning=m) for a, m in (
         ("org_vocab_size", "the head's vocabulary before padding"),
         ("logits_as_input", "the hidden states are logits: plain head"),
@@ -180,7 +177,14 @@ SYMBOLS = (
         ("total_num_scheduled_tokens", "tokens this step"),
         ("num_spec_tokens_to_schedule", "the tokens a proposal drafts for the next step"),
         ("scheduled_spec_decode_tokens", "request id -> drafted tokens verified this step"),
-        ("scheduled_cached_reqs", "CachedRequestData of requests seen before"))),
+        ("scheduled_cached_reqs", "CachedRequestData of requests seen before"),
+        ("scheduled_new_reqs", "NewRequestData of requests sent for the first time: bound"),
+        ("finished_req_ids", "requests finished or aborted since the last step: released"))),
+    Symbol("vllm.v1.core.sched.output:NewRequestData.req_id", "read", (), "the request's id"),
+    Symbol(f"{_SO}", "called", (), "a dataclass: dataclasses.replace copies it",
+           "a proposal drafts the depth the controller planned: vLLM's own proposal runs on a "
+           "copy whose num_spec_tokens_to_schedule is that depth, so its chain runs its own "
+           "course"),
     Symbol("vllm.v1.core.sched.output:CachedRequestData.resumed_req_ids", "read", (),
            "requests resuming after preemption: their rows are rebuilt"),
     Symbol("vllm.v1.sample.metadata:SamplingMetadata.all_greedy", "read", (),
@@ -322,6 +326,8 @@ class Step:
     resumed: set
     drafts: dict  # request id -> drafted tokens verified this step
     tokens: int
+    new: tuple = ()  # requests sent for the first time
+    finished: tuple = ()  # requests finished or aborted since the last step
 
 
 def _head(model) -> Head | None:
@@ -371,7 +377,8 @@ def step(scheduler_output) -> Step:
     so = scheduler_output
     return Step(dict(so.num_scheduled_tokens), set(so.scheduled_cached_reqs.resumed_req_ids),
                 {r: len(v) for r, v in so.scheduled_spec_decode_tokens.items()},
-                int(so.total_num_scheduled_tokens))
+                int(so.total_num_scheduled_tokens),
+                tuple(r.req_id for r in so.scheduled_new_reqs), tuple(so.finished_req_ids))
 
 
 def emitted(sampled) -> list[int]:
@@ -424,188 +431,174 @@ def _state_of_runner(hooks, runner):
     return None if d is None else hooks.state(d)
 
 
-def _wrappers(hooks) -> dict:
-    def engine_config(original):
-        def wrapper(self, *args, **kwargs):
-            try:
-                hooks.startup(self.speculative_config, self.model, self.additional_config)
-            except hooks.error as e:
-                if in_api_server():
-                    raise SystemExit(f"trimpass: {e}") from None
-                raise
-            return original(self, *args, **kwargs)
-        return wrapper
+def _engine_config(hooks, original):
+    def wrapper(self, *args, **kwargs):
+        try:
+            hooks.startup(self.speculative_config, self.model, self.additional_config)
+        except hooks.error as e:
+            if in_api_server():
+                raise SystemExit(f"trimpass: {e}") from None
+            raise
+        return original(self, *args, **kwargs)
+    return wrapper
 
-    def load_model(original):
-        def wrapper(self, target_model, *args, **kwargs):
-            out = original(self, target_model, *args, **kwargs)
-            hooks.loaded(self, drafter(self, target_model))
+
+def _load_model(hooks, original):
+    def wrapper(self, target_model, *args, **kwargs):
+        out = original(self, target_model, *args, **kwargs)
+        hooks.loaded(self, drafter(self, target_model))
+        return out
+    return wrapper
+
+
+def _init_kv(hooks, original):
+    def wrapper(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        st = _state_of_runner(hooks, self)
+        if st is None or not st.self_drafting:
             return out
-        return wrapper
+        ctx = self.compilation_config.static_forward_context
+        names = sorted(self.drafter._draft_attn_layer_names)
+        pairs = {n: (ctx[n].kv_cache, getattr(ctx.get(n.removeprefix("draft_model.")),
+                                              "kv_cache", None)
+                     if n.startswith("draft_model.") else None) for n in names}
+        for n, cache in st.share_cache(pairs).items():
+            ctx[n].kv_cache = cache
+        log().info("trimpass: the drafter is the target; its %d attention layers use the "
+                   "target's KV cache, its first forward each request's next token", len(names))
+        return out
+    return wrapper
 
-    def init_kv(original):
-        def wrapper(self, *args, **kwargs):
-            out = original(self, *args, **kwargs)
-            st = _state_of_runner(hooks, self)
-            if st is not None and st.self_drafting:
-                ctx = self.compilation_config.static_forward_context
-                names = sorted(self.drafter._draft_attn_layer_names)
-                pairs = {n: (ctx[n].kv_cache, getattr(ctx.get(n.removeprefix("draft_model.")),
-                                                      "kv_cache", None)
-                             if n.startswith("draft_model.") else None) for n in names}
-                for n, cache in st.share_cache(pairs).items():
-                    ctx[n].kv_cache = cache
-                log().info("trimpass: the drafter is the target; its %d attention layers use the "
-                           "target's KV cache, its first forward each request's next token",
-                           len(names))
+
+def _execute(hooks, original):
+    def wrapper(self, scheduler_output, *args, **kwargs):
+        st = _state_of_runner(hooks, self)
+        if st is None:
+            return original(self, scheduler_output, *args, **kwargs)
+        return st.step(step(scheduler_output),
+                       lambda: original(self, scheduler_output, *args, **kwargs),
+                       verify=lambda n: self._dummy_run(n, force_attention=True),
+                       device=self.device, max_tokens=int(self.max_num_tokens))
+    return wrapper
+
+
+def _prepare_inputs(hooks, original):
+    def wrapper(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        st = _state_of_runner(hooks, self)
+        meta = out[1]
+        if st is None or meta is None or any(meta.num_draft_tokens):
             return out
-        return wrapper
+        st.plain_step()  # with no drafts the metadata's logits rows are the plain path's
+        return out[0], None, 1
+    return wrapper
 
-    def execute(original):
-        def wrapper(self, scheduler_output, *args, **kwargs):
-            st = _state_of_runner(hooks, self)
+
+def _propose_draft(hooks, original):
+    def wrapper(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        t0, st = time.perf_counter(), _state_of_runner(hooks, self)
+        try:
             if st is None:
-                return original(self, scheduler_output, *args, **kwargs)
-            return st.step(step(scheduler_output),
-                           lambda: original(self, scheduler_output, *args, **kwargs),
-                           verify=lambda n: self._dummy_run(n, force_attention=True),
-                           device=self.device, max_tokens=int(self.max_num_tokens))
-        return wrapper
+                return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+            so = scheduler_output
+            sm = _bound(original, self, (so, sampled_token_ids, *args), kwargs).get(
+                "sampling_metadata")
 
-    def prepare_inputs(original):
-        def wrapper(self, *args, **kwargs):
-            out = original(self, *args, **kwargs)
-            st = _state_of_runner(hooks, self)
-            meta = out[1]
-            if st is None or meta is None or any(meta.num_draft_tokens):
-                return out
-            st.plain_step()  # with no drafts the metadata's logits rows are the plain path's
-            return out[0], None, 1
-        return wrapper
+            def run(depth: int):  # vLLM's own proposal, its chain as deep as planned
+                plan = dataclasses.replace(so, num_spec_tokens_to_schedule=depth)
+                return original(self, plan, sampled_token_ids, *args, **kwargs)
 
-    def propose_draft(original):
-        def wrapper(self, scheduler_output, sampled_token_ids, *args, **kwargs):
-            t0, st = time.perf_counter(), _state_of_runner(hooks, self)
-            try:
-                if st is None:
-                    return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-                so = scheduler_output
-                sm = _bound(original, self, (so, sampled_token_ids, *args), kwargs).get(
-                    "sampling_metadata")
-                try:
-                    skipped = st.before_proposal(
-                        batch(self), emitted(sampled_token_ids),
-                        gamma=int(so.num_spec_tokens_to_schedule),
-                        tokens=int(so.total_num_scheduled_tokens),
-                        ids=(lambda: emitted_ids(sampled_token_ids)),
-                        no_probs=bool(getattr(sm, "all_greedy", False)) or not getattr(
-                            self.drafter, "_enable_probabilistic_draft_probs", True))
-                    if skipped is not None:
-                        return skipped
-                    draft = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-                    return st.after_proposal(draft)
-                finally:
-                    st.end_proposal()
-            finally:
-                hooks.proposed(time.perf_counter() - t0)
-        return wrapper
+            return st.draft(batch(self), lambda: emitted_ids(sampled_token_ids), run,
+                            gamma=int(so.num_spec_tokens_to_schedule),
+                            tokens=int(so.total_num_scheduled_tokens), device=self.device,
+                            greedy=bool(getattr(sm, "all_greedy", False)) or not getattr(
+                                self.drafter, "_enable_probabilistic_draft_probs", True))
+        finally:
+            hooks.proposed(time.perf_counter() - t0)
+    return wrapper
 
-    def propose(original):
-        def wrapper(self, *args, **kwargs):
-            st = hooks.state(self)
-            if st is None:
-                return original(self, *args, **kwargs)
-            kw = _bound(original, self, args, kwargs)
-            t0 = time.perf_counter()
-            try:
-                nxt, tokens = kw.get("next_token_ids"), kw.get("target_token_ids")
-                run = st.begin_drafting(None if nxt is None else int(nxt.shape[0]),
-                                        kw["num_speculative_tokens"],
-                                        None if tokens is None else int(tokens.shape[0]))
-                if run is None:  # no drafter forward at all: the target's pass wrote the cache
-                    self._last_draft_probs = None
-                    return torch.empty(int(nxt.shape[0]), 0, dtype=torch.int64,
-                                       device=nxt.device)
-                kw["num_speculative_tokens"] = run
-                if st.cache_shared:  # applied once, by the next-token first pass
-                    st.rejected = kw.get("num_rejected_tokens_gpu")
-                    kw["num_rejected_tokens_gpu"] = None
-                try:
-                    return original(self, **kw)
-                except hooks.stop:
-                    ids, probs = st.stopped_draft()
-                    if probs is not None:
-                        self._last_draft_probs = probs
-                    return ids
-            finally:
-                st.rejected = None
-                st.drafted_for(time.perf_counter() - t0)
-        return wrapper
 
-    def first_pass(original):
-        def wrapper(self, *args, **kwargs):
-            st = hooks.state(self)
-            if st is None or not st.cache_shared:
-                return original(self, *args, **kwargs)
-            kw = _bound(original, self, args, kwargs)
-            kw["num_rejected_tokens_gpu"] = st.rejected
-            _, rows, cad = original(self, **kw)
-            B = cad.batch_size()
-            if rows.numel() != B or isinstance(cad.causal, torch.Tensor):
-                raise RuntimeError("trimpass: the next-token first pass takes one sampled row "
-                                   "per request and a causal mask")
-            rows = rows.long()
-            ids, pos = self.input_ids[rows].clone(), self.positions[rows].clone()
-            self.input_ids[:B], self.positions[:B] = ids, pos
-            start = torch.arange(B + 1, dtype=cad.query_start_loc.dtype)
-            decode = cad.replace(
-                query_start_loc=start.to(cad.query_start_loc.device), query_start_loc_cpu=start,
-                seq_lens=(pos + 1).to(cad.seq_lens.dtype), num_actual_tokens=B, max_query_len=1,
-                slot_mapping=cad.slot_mapping[rows],
-                positions=None if cad.positions is None else pos)
-            st.first_pass_ran(B)
-            return B, torch.arange(B, dtype=torch.int32, device=rows.device), decode
-        return wrapper
-
-    def sample(original):
-        def wrapper(self, hidden_states, sampling_metadata, *args, **kwargs):
-            st = hooks.state(self)
-            if st is None:
-                return original(self, hidden_states, sampling_metadata, *args, **kwargs)
-            logits, top = st.logits(hidden_states)
-            if not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy:
-                ids, probs = logits.argmax(dim=-1), None
-            else:
-                ids, probs = self._sample_from_logits(logits, sampling_metadata)
-            st.drafted(ids, probs, logits, top)
-            return ids, probs
-        return wrapper
-
-    def dummy_run(original):
-        def wrapper(self, *args, **kwargs):
-            st = hooks.state(self)
-            if st is not None and st.measuring:
-                return None
+def _propose(hooks, original):
+    def wrapper(self, *args, **kwargs):
+        st = hooks.state(self)
+        if st is None or not st.cache_shared:
             return original(self, *args, **kwargs)
-        return wrapper
+        kw = _bound(original, self, args, kwargs)
+        st.rejected = kw.get("num_rejected_tokens_gpu")  # applied once, by the first pass
+        kw["num_rejected_tokens_gpu"] = None
+        try:
+            return original(self, **kw)
+        finally:
+            st.rejected = None
+    return wrapper
 
-    return dict(zip(PATCHES, (engine_config, load_model, init_kv, execute, prepare_inputs,
-                              propose_draft, propose, first_pass, sample, dummy_run),
-                    strict=True))
+
+def _first_pass(hooks, original):
+    def wrapper(self, *args, **kwargs):
+        st = hooks.state(self)
+        if st is None or not st.cache_shared:
+            return original(self, *args, **kwargs)
+        kw = _bound(original, self, args, kwargs)
+        kw["num_rejected_tokens_gpu"] = st.rejected
+        _, rows, cad = original(self, **kw)
+        B = cad.batch_size()
+        if rows.numel() != B or isinstance(cad.causal, torch.Tensor):
+            raise RuntimeError("trimpass: the next-token first pass takes one sampled row "
+                               "per request and a causal mask")
+        rows = rows.long()
+        ids, pos = self.input_ids[rows].clone(), self.positions[rows].clone()
+        self.input_ids[:B], self.positions[:B] = ids, pos
+        start = torch.arange(B + 1, dtype=cad.query_start_loc.dtype)
+        decode = cad.replace(
+            query_start_loc=start.to(cad.query_start_loc.device), query_start_loc_cpu=start,
+            seq_lens=(pos + 1).to(cad.seq_lens.dtype), num_actual_tokens=B, max_query_len=1,
+            slot_mapping=cad.slot_mapping[rows],
+            positions=None if cad.positions is None else pos)
+        st.first_pass_ran(B)
+        return B, torch.arange(B, dtype=torch.int32, device=rows.device), decode
+    return wrapper
+
+
+def _sample(hooks, original):
+    def wrapper(self, hidden_states, sampling_metadata, *args, **kwargs):
+        st = hooks.state(self)
+        if st is None:
+            return original(self, hidden_states, sampling_metadata, *args, **kwargs)
+        logits, top = st.logits(hidden_states)
+        if not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy:
+            ids, probs = logits.argmax(dim=-1), None
+        else:
+            ids, probs = self._sample_from_logits(logits, sampling_metadata)
+        st.drafted(ids, probs, logits, top)
+        return ids, probs
+    return wrapper
+
+
+def _dummy_run(hooks, original):
+    def wrapper(self, *args, **kwargs):
+        st = hooks.state(self)
+        if st is not None and st.measuring:
+            return None
+        return original(self, *args, **kwargs)
+    return wrapper
+
+
+WRAPPERS = (_engine_config, _load_model, _init_kv, _execute, _prepare_inputs, _propose_draft,
+            _propose, _first_pass, _sample, _dummy_run)  # one per patched symbol, in its order
 
 
 def install(hooks, places=PATCHES) -> None:
     """Wrap each of ``places`` (in :data:`PATCHES`' order) once per process, and add the two
     worker methods when every patch is installed. A wrapper delegates to vLLM's own method
     unless ``hooks.state`` has a trimpass state for the object."""
-    wrappers = _wrappers(hooks)
+    wrappers = dict(zip(PATCHES, WRAPPERS, strict=True))
     for place in PATCHES:
         if place not in places or place in _installed:
             continue
         owner_place, _, name = place.rpartition(".")
         owner = resolve(owner_place)
         original = getattr(owner, name)
-        setattr(owner, name, functools.wraps(original)(wrappers[place](original)))
+        setattr(owner, name, functools.wraps(original)(wrappers[place](hooks, original)))
         _installed.add(place)
     if set(PATCHES) <= _installed and "worker" not in _installed:
         worker = resolve("vllm.v1.worker.worker_base:WorkerBase")

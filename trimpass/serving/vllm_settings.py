@@ -115,7 +115,7 @@ def resolve_budget(drafter_dir: str | None, additional=None) -> dict | None:
 
 def budget_settings(budget, gamma_max: int) -> dict:
     """A budget given as a policy name or a dict, checked against ``gamma_max``."""
-    from trimpass.budget.policies import POLICIES, check_settings
+    from trimpass.spec.control.policies import POLICIES, check_settings
     if isinstance(budget, str):
         budget = {"policy": budget}
     if not isinstance(budget, dict):

@@ -1,5 +1,6 @@
-"""What trimpass holds for each vLLM drafter, owned by trimpass: one :class:`DrafterState` per
-drafter (its trimmed head and request rows, its budget, its KV sharing), kept in a registry keyed
+"""What trimpass holds for each vLLM drafter, owned by trimpass: one :class:`Proposer` per drafter
+(its trimmed head and request rows, its controller, its lookup indexes, its KV sharing, and the
+requests' lifecycle), kept in a registry keyed
 weakly by vLLM's proposer, never as attributes on vLLM's objects. :class:`Hooks` is what the
 wrappers of :mod:`trimpass.serving.vllm_compat` call: at load, a drafter whose settings ask for
 it gets a state (the settings from ``additional_config``, else the command line's fallbacks:
@@ -14,7 +15,6 @@ import weakref
 import torch
 
 from trimpass.base import softmax_max
-from trimpass.budget.runner import PolicyRunner, StopDrafting
 from trimpass.config import TrimpassError
 from trimpass.measure import timed
 from trimpass.serving import vllm_compat as compat
@@ -23,21 +23,27 @@ from trimpass.serving import vllm_settings as front
 from trimpass.serving.vllm_check import CheckedTrimmer
 from trimpass.serving.vllm_trim import Trimmer
 from trimpass.spec.config import LookupConfig
+from trimpass.spec.control.controller import Controller
+from trimpass.spec.control.costs import ChainCosts
 from trimpass.spec.proposers.lookup import LookupProposer
 
 _drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _process = {"proposals": 0, "propose_s": 0.0}  # in this process, trimmed or not (benchmarks)
-_UNDECIDED = object()
 
 
-class DrafterState:
-    """One drafter's trimpass state: ``trimmer`` (None: untrimmed), ``budget`` (a
-    :class:`PolicyRunner`, or None), ``self_drafting`` (the drafter is a copy of the target: its
-    layers use the target's KV cache once :meth:`share_cache` ran)."""
+class Proposer:
+    """One vLLM drafter's trimpass proposer: ``trimmer`` (None: untrimmed), ``controller`` (a
+    :class:`~trimpass.spec.control.controller.Controller`, or None: vLLM drafts as it would),
+    ``self_drafting`` (the drafter is a copy of the target: its layers use the target's KV cache
+    once :meth:`share_cache` ran). Every per-request record lives in one map,
+    :attr:`requests` (request id -> the step it was bound at), with one lifecycle: bound when the
+    scheduler first sends the request, released on finish or abort, and rebuilt from the engine's
+    tokens after preemption (its rows and lookup index release as it resumes and rebuild at its
+    next proposal)."""
 
-    def __init__(self, trimmer: Trimmer | None, budget: PolicyRunner | None,
+    def __init__(self, trimmer: Trimmer | None, controller: Controller | None,
                  self_drafting: bool, *, plain, model_key: str = "", max_seqs: int = 1):
-        self.trimmer, self.budget, self.self_drafting = trimmer, budget, self_drafting
+        self.trimmer, self.controller, self.self_drafting = trimmer, controller, self_drafting
         self.plain = plain  # hidden states -> the drafter's plain logits
         self.model_key, self.max_seqs = model_key, max_seqs
         self.cache_shared = False
@@ -45,11 +51,12 @@ class DrafterState:
         self.rejected = None  # the runner's rejected counts, for the next-token first pass
         self.measuring = False  # the cost model is timing the target alone
         self.plain_steps = 0  # engine steps that verified no draft, sampled as plain decoding
-        self.skipped_whole = 0  # proposals skipped before vLLM prepared them
-        self.budget_s = 0.0  # seconds of the budget's own work (and its lookups'), on the host
-        self._decided = _UNDECIDED  # the budget's decision for the proposal under way
+        self.skipped_whole = 0  # proposals that ran no drafter forward and no vLLM preparation
+        self.budget_s = 0.0  # seconds of the controller's own work (and its lookups'), on the host
+        self.requests: dict = {}  # request id -> the engine step it was bound at
+        self.steps = 0
         self.lookups: LookupProposer | None = None  # the requests' lookup indexes, once drafted
-        self._proposals = None  # this proposal's lookup drafts, for begin_drafting
+        self.confidences: list = []  # this proposal's drafted tokens' confidences, on the device
 
     # ---- engine steps --------------------------------------------------------------------------
     def share_cache(self, pairs: dict) -> dict:
@@ -62,30 +69,48 @@ class DrafterState:
     def first_pass_ran(self, rows: int) -> None:
         self.shared["first_pass_rows"] += rows
 
-    def step(self, step, run, *, verify, device, max_tokens: int):
-        """One engine step (:class:`~trimpass.serving.vllm_compat.Step`); ``run()`` runs the
-        target's forward, ``verify(n)`` a dummy forward of ``n`` tokens."""
+    def follow(self, step) -> None:
+        """The requests' lifecycle at one engine step (:class:`~trimpass.serving.vllm_compat.
+        Step`): new ones bound (a live id sent again is refused), finished and aborted ones
+        released, and every record of a request not in the batch (preempted, resuming) dropped,
+        to be rebuilt from its own tokens."""
+        self.steps += 1
+        for rid in step.finished:
+            self.requests.pop(rid, None)
+        for rid in step.new:
+            if rid in self.requests:
+                raise TrimpassError(f"trimpass: request id {rid!r} is live (bound at engine step "
+                                    f"{self.requests[rid]}) and was sent again as a new request; "
+                                    "give each live request its own id")
+            self.requests[rid] = self.steps
+        keep = [r for r in step.scheduled if r not in step.resumed]
         if self.trimmer is not None:
-            self.trimmer.settle([r for r in step.scheduled if r not in step.resumed])
+            self.trimmer.settle(keep)
         if self.lookups is not None:
-            self.lookups.keep_only(step.scheduled)
-        b = self.budget
-        if b is None:
+            self.lookups.keep_only(keep)
+
+    def step(self, step, run, *, verify, device, max_tokens: int):
+        """One engine step; ``run()`` runs the target's forward, ``verify(n)`` a dummy forward of
+        ``n`` tokens (the cost model's start-up measurement)."""
+        self.follow(step)
+        c = self.controller
+        if c is None:
             return run()
-        b.timings.forward_began(time.perf_counter())
-        if b.cost.table is None:
+        timings = c.costs.timings
+        timings.forward_began(time.perf_counter())
+        if c.costs.engine.table is None:
             self.measuring = True
             try:
-                b.cost.measure(verify, key=self.model_key, max_tokens=max_tokens,
-                               max_seqs=self.max_seqs, gamma_max=b.gamma_max,
-                               budget_s=float(b.settings["measure_s"]), device=device)
+                c.costs.engine.measure(verify, key=self.model_key, max_tokens=max_tokens,
+                                       max_seqs=self.max_seqs, gamma_max=c.gamma_max,
+                                       budget_s=float(c.settings["measure_s"]), device=device)
             finally:
                 self.measuring = False
         out, seconds = timed(run, device=device)  # the syncs are no-ops on CPU
-        b.timings.forward_ended(time.perf_counter(), len(step.scheduled),
-                                drafted=any(step.drafts.values()))
+        timings.forward_ended(time.perf_counter(), len(step.scheduled),
+                              drafted=any(step.drafts.values()))
         t0 = time.perf_counter()
-        b.observed(step.scheduled, step.drafts, step.tokens, seconds)
+        c.observe_step(step.scheduled, step.drafts, step.tokens, seconds)
         self.budget_s += time.perf_counter() - t0
         return out
 
@@ -94,89 +119,65 @@ class DrafterState:
         self.plain_steps += 1
 
     # ---- proposals -----------------------------------------------------------------------------
-    def before_proposal(self, batch, emitted: list[int], *, gamma: int | None = None,
-                        tokens: int | None = None, ids=None, no_probs: bool = False
-                        ) -> list | None:
-        """Before vLLM prepares a proposal over ``batch``: the budget reads what the target
-        accepted of the last drafts (``emitted``: each request's tokens emitted this step) and,
-        given the proposal's ``gamma``, the target pass's ``tokens`` and each request's lookup
-        draft (where lookup is on and the drafts need no probabilities, ``no_probs``; ``ids()``:
-        the tokens each request emitted), decides. Returns the proposal's drafts (lookup drafts
-        only) where the budget skips the drafter and the drafter shares the target's cache: then
-        neither vLLM's preparation nor the drafter has anything to do, and the request rows catch
-        up at the next drafted proposal (each admits its request's tokens since its last). Else
-        None, and vLLM proposes."""
-        self._req_ids, self._proposals = batch.req_ids, None
-        if self.budget is not None:
-            t0 = time.perf_counter()
-            drafts = self._budget_decides(batch, emitted, gamma, tokens, ids, no_probs)
-            self.budget_s += time.perf_counter() - t0
-            if drafts is not None:
-                return drafts
-        if self.trimmer is not None:
-            self.trimmer.begin(batch, emitted)
-        return None
-
-    def _budget_decides(self, batch, emitted, gamma, tokens, ids, no_probs) -> list | None:
-        b = self.budget
-        b.accepted(batch.req_ids, emitted)
-        if b.settings["lookup"] and gamma and no_probs and ids is not None:
-            self._proposals = self._lookups(b.settings["lookup"]).draft(
-                batch.req_ids, batch.lengths, batch.tokens, ids(), gamma).per_request()
-        if gamma is None or not b.shares_cache:
-            return None
-        run = b.begin(len(batch.req_ids), gamma, tokens, self._proposals)
-        if run is not None:
-            self._decided = run
-            return None
-        self.skipped_whole += 1
-        return b.cut(torch.empty(len(batch.req_ids), 0, dtype=torch.long), batch.req_ids)
-
-    def _lookups(self, settings: dict) -> LookupProposer:
-        lk, want = self.lookups, (settings["tokens"], settings["ngram"])
-        if lk is None or (lk.config.tokens, lk.config.ngram) != want:
-            lk = self.lookups = LookupProposer(LookupConfig(tokens=want[0], ngram=want[1]))
-        return lk
-
-    def after_proposal(self, draft):
-        if self.budget is None:
-            return draft
+    def draft(self, batch, emitted, run, *, gamma: int, tokens: int, greedy: bool, device):
+        """One proposal over ``batch`` (:class:`~trimpass.serving.vllm_compat.Batch`);
+        ``emitted()``: the tokens each request emitted this step; ``run(depth)``: vLLM's own
+        proposal drafting ``depth`` tokens. The controller plans the depth before drafting; a
+        plan that drafts nothing on the target's own cache runs no drafter forward and returns
+        the lookup drafts alone (the rows catch up at the next drafted proposal)."""
+        c = self.controller
+        if c is None:
+            return self._run(batch, emitted, lambda: run(gamma))
         t0 = time.perf_counter()
+        ids = emitted()
+        c.observe(batch.req_ids, ids)
+        lookup = self._lookups(batch, ids, gamma) if greedy and c.settings["lookup"] else None
+        plan = c.plan(len(batch.req_ids), gamma, lookup)
+        self.budget_s += time.perf_counter() - t0
+        if plan.depth is None:
+            self.skipped_whole += 1
+            return self._cut(plan, batch, lookup=lookup)
+        self.confidences = []
+        drafts, seconds = timed(self._run, batch, ids, lambda: run(plan.depth), device=device)
+        if plan.depth and tokens <= len(batch.req_ids) * (1 + c.gamma_max):  # not a prefill's
+            c.costs.drafted(len(batch.req_ids), plan.depth, seconds)
+        conf = torch.stack(self.confidences, dim=1) if self.confidences else None
+        return self._cut(plan, batch, drafts, conf, lookup=lookup, seconds=seconds)
+
+    def _run(self, batch, emitted, run):
+        if self.trimmer is None:
+            return run()
+        self.trimmer.begin(batch, [len(x) for x in (emitted() if callable(emitted)
+                                                    else emitted)])
         try:
-            return self.budget.cut(draft, self._req_ids)
+            return run()
+        finally:
+            self.trimmer.end()
+
+    def _cut(self, plan, batch, drafts=None, conf=None, **kw):
+        t0 = time.perf_counter()
+        draft = drafts if isinstance(drafts, torch.Tensor) and drafts.dim() == 2 else None
+        try:
+            return self.controller.cut(plan, batch.req_ids, draft, conf, **kw)
         finally:
             self.budget_s += time.perf_counter() - t0
 
-    def end_proposal(self) -> None:
-        self._decided, self._proposals = _UNDECIDED, None
-        if self.trimmer is not None:
-            self.trimmer.end()
-
-    def begin_drafting(self, batch: int | None, gamma: int, tokens: int | None) -> int | None:
-        """The drafting steps this proposal runs (None: no drafter forward): the budget's
-        decision, taken in :meth:`before_proposal` where vLLM's proposal passed through it."""
-        if self.budget is None:
-            return gamma
-        if self._decided is not _UNDECIDED:
-            run, self._decided = self._decided, _UNDECIDED
-            return run
-        return self.budget.begin(batch, gamma, tokens, self._proposals)
-
-    def drafted_for(self, seconds: float) -> None:
-        if self.budget is not None:
-            self.budget.timings.drafting(seconds)
-
-    def stopped_draft(self):
-        return self.budget.stopped_draft()
+    def _lookups(self, batch, emitted: list, gamma: int):
+        settings = self.controller.settings["lookup"]
+        lk, want = self.lookups, (settings["tokens"], settings["ngram"])
+        if lk is None or (lk.config.tokens, lk.config.ngram) != want:
+            lk = self.lookups = LookupProposer(LookupConfig(tokens=want[0], ngram=want[1]))
+        return lk.draft(batch.req_ids, batch.lengths, batch.tokens, emitted, gamma)
 
     def logits(self, h):
         """The drafter's logits for ``h`` and each row's softmax maximum (or None)."""
         if self.trimmer is None:
             return self.plain(h), None
-        return self.trimmer.logits(h, with_top=self.budget is not None)
+        return self.trimmer.logits(h, with_top=self.controller is not None)
 
     def drafted(self, ids, probs, logits, top) -> None:
-        if self.budget is None:
+        """One drafting step's tokens: their confidences stay on the device until the cut."""
+        if self.controller is None:
             return
         if probs is not None:
             conf = probs.gather(-1, ids.long()[:, None])[:, 0].float()
@@ -184,18 +185,18 @@ class DrafterState:
             conf = top  # from the rows' own logits, no V-wide pass
         else:
             conf = softmax_max(logits)
-        self.budget.drafted(ids, conf, probs)
+        self.confidences.append(conf)
 
     def stats(self) -> dict:
         out = {**_process, "plain_steps": self.plain_steps, "skipped_whole": self.skipped_whole,
-               "budget_s": self.budget_s}
+               "budget_s": self.budget_s, "requests_live": len(self.requests)}
         if self.lookups is not None:
             out["lookup_live"] = len(self.lookups)
         if self.cache_shared:
             out["shared_cache"] = {k: self.shared[k] for k in ("first_pass_rows",
                                                                "cache_unused_bytes")}
-        if self.budget is not None:
-            out["budget"] = b = self.budget.stats()
+        if self.controller is not None:
+            out["budget"] = b = self.controller.stats()
             if b["table"] is not None:  # the deployment it was measured on, checked at load
                 b["table"]["model"] = self.model_key
         return out if self.trimmer is None else {**self.trimmer.stats(), **out}
@@ -207,12 +208,11 @@ class Hooks:
     routes that write into the target's KV cache (its tested versions only)."""
 
     error = TrimpassError
-    stop = StopDrafting
 
     def __init__(self, startup, self_drafting_ok: bool = True):
         self.startup, self.self_drafting_ok = startup, self_drafting_ok
 
-    def state(self, proposer) -> DrafterState | None:
+    def state(self, proposer) -> Proposer | None:
         try:
             return _drafters.get(proposer)
         except TypeError:  # not weakly referable: not a proposer trimpass knows
@@ -253,8 +253,9 @@ class Hooks:
                 raise RuntimeError(f"trimpass budget table: measured for {made_for}, but this "
                                    f"engine serves {drafter.model_key}; leave 'table' out (the "
                                    "engine measures its own) or give this deployment's table")
-            runner = PolicyRunner(checked, drafter.gamma, shares_cache=self_drafting)
-        _drafters[proposer] = DrafterState(trimmer, runner, self_drafting,
+            runner = Controller(checked, drafter.gamma,
+                                ChainCosts(checked.get("table"), shares_cache=self_drafting))
+        _drafters[proposer] = Proposer(trimmer, runner, self_drafting,
                                            plain=drafter.head.plain, model_key=drafter.model_key,
                                            max_seqs=drafter.max_num_seqs)
 
@@ -262,12 +263,12 @@ class Hooks:
         _process["proposals"] += 1
         _process["propose_s"] += seconds
 
-    def worker_stats(self, st: DrafterState | None) -> dict:
+    def worker_stats(self, st: Proposer | None) -> dict:
         return dict(_process) if st is None else st.stats()
 
-    def set_budget(self, st: DrafterState | None, settings: dict) -> dict:
-        if st is None or st.budget is None:
+    def set_budget(self, st: Proposer | None, settings: dict) -> dict:
+        if st is None or st.controller is None:
             raise RuntimeError("trimpass: this engine has no budget; start it with "
                                "engine_args(..., budget=...)")
-        st.budget.set(settings)
-        return st.budget.settings
+        st.controller.set(settings)
+        return st.controller.settings

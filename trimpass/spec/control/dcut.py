@@ -6,11 +6,9 @@ sum_{k<=n_i} s_{i,k} (every request emits its bonus or corrected token). :func:`
 total K of drafted tokens verified, shared out by global score rank (scores fall along a draft, so
 the top K is a prefix of every request's draft), that maximizes expected emitted tokens per second,
 (B + top-K score sum) / (draft_time + C(B, B + K)), with C the verification cost (a callable or a
-:class:`trimpass.budget.costmodel.CostTable`); ``buckets`` limits K to static shapes.
-:func:`draft_more` says, after each step of a chain drafter, which requests can still put a token
-into the cut, so drafting can stop per request and for the whole batch; :func:`next_step_pays`
-whether one more step is worth its drafting time; :func:`drafting_pays`, before any drafting,
-whether any draft at all could beat verifying none (so the drafter need not run).
+:class:`trimpass.spec.control.costmodel.CostTable`); ``buckets`` limits K to static shapes.
+:func:`best_rate` is the rate the cut reaches, which the controller
+(:mod:`trimpass.spec.control.controller`) compares across drafting depths before any drafting.
 """
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["best_rate", "dcut", "draft_more", "drafting_pays", "next_step_pays", "scores"]
+__all__ = ["best_rate", "dcut", "scores"]
 
 Cost = Callable[..., object]
 
@@ -165,112 +163,3 @@ def best_rate(confidences, cost: Cost, draft_time: float = 0.0) -> float:
     if c.shape[0] == 0:
         return 0.0
     return _best(_rank(torch.cumprod(c, dim=1).cpu())[1], cost, c.shape[0], dt)[1]
-
-
-def next_step_pays(confidences, cost: Cost, draft_time: float, step_time: float) -> bool:
-    """Whether one more drafting step is expected to raise the step's best rate (myopic).
-
-    ``confidences`` [B, d >= 1] so far (0 for stopped requests), ``draft_time`` the seconds spent
-    drafting so far, ``step_time`` the seconds one more step costs. Each request's next token is
-    guessed to score its last score times its last confidence (a draft's scores fall about
-    geometrically); the step pays iff the best rate with those tokens, after ``draft_time +
-    step_time``, beats the best rate now. :func:`draft_more` says whether a further token can
-    enter the cut at all; this says whether drafting it is worth its time. At d = 0 it is True."""
-    c = _check_confidences(confidences, min_gamma=0)
-    dt = _check_time(draft_time, "draft_time")
-    step = _check_time(step_time, "step_time")
-    if not callable(cost):
-        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
-    B, d = c.shape
-    if d == 0:
-        return True
-    if B == 0:
-        return False
-    s = torch.cumprod(c, dim=1).cpu()
-    _, now = _best(_rank(s)[1], cost, B, dt)
-    guess = torch.cat([s, (s[:, -1] * c[:, -1].cpu())[:, None]], dim=1)
-    _, later = _best(_rank(guess)[1], cost, B, dt + step)
-    return later > now
-
-
-def draft_more(confidences, cost: Cost, draft_time_per_step: float, *, gamma_max: int,
-               draft_time_base: float = 0.0) -> torch.Tensor:
-    """Which requests of a chain drafter can still put a drafted token into the cut: BoolTensor [B].
-
-    Call after each drafting step with the confidences so far, [B, d] (d may be 0; zeros for a
-    request already stopped); stop drafting request i where False, and the whole batch when none
-    is True (always at d = ``gamma_max``). The final draft has depth D in [d, gamma_max] and is cut
-    by ``dcut(conf[:, :D], cost, draft_time_base + D * draft_time_per_step)`` (no buckets). The rule
-    (all quantities from the current draft only):
-
-    - T_max = draft_time_base + gamma_max * draft_time_per_step bounds the final draft time;
-    - r_lb = max over K in 0..B*d of (B + sum of the K highest current scores) / (T_max + C(B,
-      B+K)) bounds the final optimal rate R* from below (the current tokens are still there);
-    - dC(K) = C(B, B+K) - C(B, B+K-1) for K in 1..B*gamma_max, the marginal cost of the K-th token;
-    - a future token x of request i scores <= s_i = its current last score (1 at d = 0), so it
-      ranks after every current score > s_i and every current score == s_i of a request j <= i:
-      if kept, the cut holds K* >= k_i = 1 + that count;
-    - request i is active iff s_i > r_lb * min_{K >= k_i} dC(K).
-
-    Why this never stops a request the final cut would extend: at the chosen K* every smaller K
-    rates strictly lower (first maximum), so R(K*) > R(K*-1), i.e. its last kept score
-    x > R* * dC(K*) >= r_lb * min_{K >= k_i} dC(K). Flat cost regions (dC = 0) keep every request
-    with a positive score active; a request whose last score is 0 is never active.
-    """
-    c = _check_confidences(confidences, min_gamma=0)
-    step = _check_time(draft_time_per_step, "draft_time_per_step")
-    base = _check_time(draft_time_base, "draft_time_base")
-    if isinstance(gamma_max, bool) or not float(gamma_max).is_integer() or gamma_max < 1:
-        raise ValueError(f"gamma_max: must be an integer >= 1, got {gamma_max!r}")
-    gamma_max = int(gamma_max)
-    B, d = c.shape
-    if d > gamma_max:
-        raise ValueError(f"confidences: {d} drafted positions exceed gamma_max={gamma_max}")
-    if not callable(cost):
-        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
-    if B == 0 or d == gamma_max:
-        return torch.zeros(B, dtype=torch.bool, device=c.device)
-    s = torch.cumprod(c, dim=1).cpu()
-    last = s[:, -1] if d > 0 else torch.ones(B, dtype=torch.float64)
-    seconds = _costs(cost, B, torch.arange(B * gamma_max + 1))
-    gain = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(_rank(s)[1], 0)])
-    r_lb = torch.max((B + gain) / (base + gamma_max * step + seconds[: B * d + 1]))
-    dC = seconds[1:] - seconds[:-1]  # dC[K-1] = marginal cost of the K-th token
-    tail_min = torch.flip(torch.cummin(torch.flip(dC, [0]), 0).values, [0])  # min over K' >= K
-    flat = s.reshape(-1)
-    owner = torch.arange(B).repeat_interleave(d)
-    ahead = (flat[None, :] > last[:, None]) | ((flat[None, :] == last[:, None])
-                                               & (owner[None, :] <= torch.arange(B)[:, None]))
-    k = 1 + ahead.sum(dim=1)  # <= B*d + 1 <= B*gamma_max
-    return (last > r_lb * tail_min[k - 1]).to(c.device)
-
-
-def drafting_pays(batch: int, cost: Cost, first_time: float, step_time: float, *, gamma_max: int,
-                  accept_max: float = 1.0) -> bool:
-    """Whether any draft could beat drafting nothing, decided before the drafter runs.
-
-    Drafting nothing emits ``batch`` tokens in C(B, B) seconds. A draft whose cut keeps K tokens
-    needs at least D = ceil(K / B) drafting steps (``first_time`` for the first, ``step_time``
-    each after it) and emits at most B + K * ``accept_max`` tokens (``accept_max`` bounds any
-    drafted token's probability of acceptance: 1, or a calibration's largest fitted value). It
-    pays iff for some K in 1..B * ``gamma_max``, (B + K * accept_max) / (first_time + (D - 1) *
-    step_time + C(B, B + K)) > B / C(B, B). False means no cut of any draft could pay: the whole
-    drafting step, first forward included, can be skipped."""
-    first = _check_time(first_time, "first_time")
-    step = _check_time(step_time, "step_time")
-    if isinstance(batch, bool) or not float(batch).is_integer() or batch < 1:
-        raise ValueError(f"batch: must be an integer >= 1, got {batch!r}")
-    if isinstance(gamma_max, bool) or not float(gamma_max).is_integer() or gamma_max < 1:
-        raise ValueError(f"gamma_max: must be an integer >= 1, got {gamma_max!r}")
-    p = float(accept_max)
-    if not 0 <= p <= 1:
-        raise ValueError(f"accept_max: a probability in [0, 1], got {accept_max!r}")
-    if not callable(cost):
-        raise ValueError(f"cost: expected a callable cost(batch, tokens), got {type(cost)}")
-    B = int(batch)
-    ks = torch.arange(B * int(gamma_max) + 1)
-    seconds = _costs(cost, B, ks)
-    depth = torch.div(ks + B - 1, B, rounding_mode="floor")  # ceil(K / B)
-    draft = first + (depth - 1).clamp_min(0).double() * step
-    rate = (B + ks.double() * p) / (draft + seconds)
-    return bool((rate[1:] > B / seconds[0]).any())

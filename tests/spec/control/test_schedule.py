@@ -1,14 +1,17 @@
-"""Probes of a skipping batch bucket (trimpass.budget.probes): priced by their expected loss,
-backed off while skipping keeps paying, and re-armed when the acceptance record moves or the batch
-comes back to a bucket it left."""
+"""Probes of a skipping batch bucket (trimpass.spec.control.schedule): priced by their expected
+loss, backed off while skipping keeps paying, and re-armed when the acceptance record moves or the
+batch comes back to a bucket it left."""
 import math
 import random
 
 import pytest
+import torch
 
-from trimpass.budget.costmodel import CostTable
-from trimpass.budget.policies import check_settings
-from trimpass.budget.probes import (
+from trimpass.spec.control.controller import Controller
+from trimpass.spec.control.costmodel import CostTable
+from trimpass.spec.control.costs import ChainCosts
+from trimpass.spec.control.policies import check_settings
+from trimpass.spec.control.schedule import (
     FLOOR,
     PLAIN_EVERY,
     PLAIN_MAX,
@@ -17,7 +20,6 @@ from trimpass.budget.probes import (
     REENTRY,
     Probes,
 )
-from trimpass.budget.runner import PolicyRunner
 
 
 def _probe_times(p, n, *, k=4, loss=10.0, plain=1.0, record=0.5):
@@ -106,12 +108,22 @@ def test_a_bucket_is_hopeless_when_no_draft_length_pays_even_with_every_token_ac
     def cost(batch, tokens):  # 2 s a step, 0.5 s a verified drafted token
         return 2.0 + 0.5 * (tokens - batch)
     # 3 requests, every token accepted: 4 drafts pay (1.75 + 6 - 8 < 0), so it is not hopeless
-    assert not Probes.hopeless(3, 4, cost, 1.0, 0.25)
+    assert not Probes.hopeless(3, 4, cost, _drafting(1.0, 0.25))
     # a first drafting step of 3 s: 1 draft loses 3 + 1.5 - 2, 4 drafts 3.75 + 6 - 8
-    assert Probes.hopeless(3, 4, cost, 3.0, 0.25)
-    assert not Probes.hopeless(3, 1, cost, 0.4, 0.25)  # one draft: 0.4 + 1.5 - 2 < 0
-    assert not Probes.hopeless(3, 4, None, 3.0, 0.25)  # nothing known: not hopeless
-    assert not Probes.hopeless(3, 4, cost, None, 0.25)
+    assert Probes.hopeless(3, 4, cost, _drafting(3.0, 0.25))
+    assert not Probes.hopeless(3, 1, cost, _drafting(0.4, 0.25))  # one draft: 0.4 + 1.5 - 2 < 0
+    assert not Probes.hopeless(3, 4, None, _drafting(3.0, 0.25))  # nothing known: not hopeless
+    assert not Probes.hopeless(3, 4, cost, lambda depth: None)
+
+
+def _drafting(first, step):
+    return lambda depth: first + (depth - 1) * step
+
+
+def _controller(settings, table, first, step=None):
+    costs = ChainCosts(table.to_dict(), shares_cache=True)
+    costs.timing = lambda name, batch: first if name == "first_s" or step is None else step
+    return Controller(settings, 4, costs)
 
 
 def test_a_runner_at_a_hopeless_bucket_skips_through_a_moved_record():
@@ -122,13 +134,13 @@ def test_a_runner_at_a_hopeless_bucket_skips_through_a_moved_record():
                       [[0.020, 0.052, 0.148], [0.144, 0.176, 0.272]])
 
     def probes(records):
-        r = PolicyRunner({"policy": "dcut", "table": table.to_dict()}, 4, shares_cache=True)
-        r.timing = lambda name, batch: 0.200 if name == "first_s" else 0.136
-        assert Probes.hopeless(64, 4, r.cost.step_cost, 0.200, 0.136)
-        it = iter(records)
-        r.calibration.scores = lambda x: x.new_full((1,), next(it))
-        drafted = [r.begin(64, 4, 64) is not None for _ in range(len(records))]
-        return sum(drafted), r.counts["probes"]
+        r = _controller({"policy": "dcut"}, table, 0.200, 0.136)
+        assert Probes.hopeless(64, 4, r.costs.verify_cost(64), _drafting(0.200, 0.136))
+        drafted = 0
+        for x in records:  # the record now: the drafter's acceptance at every position
+            r.prices["self"].row = lambda match=0, x=x: torch.full((4,), x, dtype=torch.float64)
+            drafted += r.plan(64, 4).depth is not None
+        return drafted, r.counts["probes"]
 
     # the record moving at every proposal, never above the steady one (so never a cheaper
     # probe by the schedule): no more probes than the schedule gives the steady record
@@ -143,10 +155,10 @@ def test_the_loss_is_drafting_and_extra_verification_less_what_accepted_tokens_s
         return 2.0 + 0.5 * (tokens - batch)
     # 3 requests x 4 tokens: drafting 1 + 3 * 0.25 s, 6 s more to verify; each accepted token
     # saves a plain step's share, 2 / 3 s, so 12 * 0.5 of them save 4 s
-    assert Probes.loss(3, 4, cost, 1.0, 0.25, 0.5) == pytest.approx(1.75 + 6.0 - 4.0)
-    assert Probes.loss(3, 4, cost, 1.0, 0.25, 1.0) == 0.0  # a probe that pays costs nothing
-    assert Probes.loss(3, 4, None, 1.0, 0.25, 0.5) is None
-    assert Probes.loss(3, 4, cost, None, 0.25, 0.5) is None
+    assert Probes.loss(3, 4, cost, 1.75, 0.5) == pytest.approx(1.75 + 6.0 - 4.0)
+    assert Probes.loss(3, 4, cost, 1.75, 1.0) == 0.0  # a probe that pays costs nothing
+    assert Probes.loss(3, 4, None, 1.75, 0.5) is None
+    assert Probes.loss(3, 4, cost, None, 0.5) is None
 
 
 def test_probes_spend_at_most_the_rate_of_the_skipped_seconds_on_random_loads():
@@ -198,17 +210,18 @@ def test_a_runner_whose_table_overprices_the_plain_step_finds_out_and_skips():
     table = CostTable([1, 4, 8], [0, 4, 16, 32],
                       [[0.020, 0.024, 0.034, 0.050], [0.030, 0.034, 0.045, 0.060],
                        [0.040, 0.046, 0.058, 0.075]])
-    r = PolicyRunner({"policy": "dcut", "table": table.to_dict()}, 4, shares_cache=True)
-    r.timing = lambda name, batch: 0.021
+    r = _controller({"policy": "dcut"}, table, 0.021)
+    for _ in range(200):  # the drafter's tokens are accepted
+        r.prices["self"].observe(0, kept=4, reached=4)
     plain = {str(i): 1 for i in range(4)}
     skips = []
     for _ in range(40):
-        skip = r.begin(4, 4, 4) is None  # a decode step of 4 tokens; None: no drafter forward
+        skip = r.plan(4, 4).depth is None  # a decode step of 4 tokens; None: no drafter forward
         skips.append(skip)
         if skip:
-            r.observed(plain, {}, 4, 0.018)
+            r.observe_step(plain, {}, 4, 0.018)
         else:
-            r.observed({x: 5 for x in plain}, {x: 4 for x in plain}, 20, 0.045)
+            r.observe_step({x: 5 for x in plain}, {x: 4 for x in plain}, 20, 0.045)
     assert not skips[0] and r.counts["plain_probes"] >= 1
     seen = "".join("s" if s else "d" for s in skips)
     assert sum(not s for s in skips[8:]) <= r.counts["probes"] <= 2, seen  # drafts: probes only
@@ -218,7 +231,7 @@ def test_a_runner_whose_table_overprices_the_plain_step_finds_out_and_skips():
 @pytest.mark.parametrize("policy", [{"policy": "fixed", "gamma": 4}, {"policy": "off"}])
 def test_a_policy_that_does_not_price_steps_never_skips_for_a_plain_probe(policy):
     table = CostTable([1, 4], [0, 16], [[0.010, 0.020], [0.030, 0.045]])
-    r = PolicyRunner({**policy, "table": table.to_dict()}, 4, shares_cache=True)
-    r.timing = lambda name, batch: 0.001
-    assert all(r.begin(4, 4, 4) == 4 for _ in range(4 * PLAIN_EVERY))  # every proposal drafts
+    r = _controller(policy, table, 0.001)
+    want = policy.get("gamma", 4)
+    assert all(r.plan(4, 4).depth == want for _ in range(4 * PLAIN_EVERY))  # every one drafts
     assert r.counts["plain_probes"] == 0

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from trimpass import measure as tm
-from trimpass.budget import (
+from trimpass.spec.control import (
     CostTable,
+    best_rate,
     cached_table,
     dcut,
-    drafting_pays,
     isotonic_grid,
     measure,
     pav,
 )
-from trimpass.budget.costmodel import StepCost
+from trimpass.spec.control.costmodel import StepCost
 
 
 def minmax_1d(y, w):
@@ -214,7 +214,7 @@ def test_measure_shares_its_budget_between_the_cells_and_feeds_dcut(monkeypatch)
     """On a fake clock (no dependence on this machine's speed): each cell gets an equal share of
     what is left of the budget, the whole measurement spends the budget, and the table holds
     what the timer measured."""
-    from trimpass.budget import costmodel
+    from trimpass.spec.control import costmodel
     clock = [0.0]
     monkeypatch.setattr(costmodel.time, "perf_counter", lambda: clock[0])
     shares, seen = [], []
@@ -271,13 +271,15 @@ def test_a_step_cost_adds_the_overhead_and_changes_what_pays():
     assert int(dcut(conf, cheap_plain, draft_time=0.02).sum()) == 0
     # drafting 4 tokens at 0.9 (0.2 s, then 0.1 s a step) never beats 1 / 0.05 tokens/s, but
     # beats 1 / 1.05 once every step also pays 1 s: 4.1 tokens / 1.59 s
-    kw = dict(first_time=0.2, step_time=0.1, gamma_max=4, accept_max=0.9)
-    assert not drafting_pays(1, table, **kw)
-    assert drafting_pays(1, StepCost(table, lambda batch: 1.0, lambda batch: 1.0), **kw)
+    def pays(cost):
+        drafted = best_rate(torch.full((1, 4), 0.9, dtype=torch.float64), cost, 0.5)
+        return drafted > best_rate(torch.zeros(1, 1, dtype=torch.float64), cost)
+    assert not pays(table)
+    assert pays(StepCost(table, lambda batch: 1.0, lambda batch: 1.0))
 
 
 def test_an_engine_refits_every_few_steps_within_its_share_of_the_forward_seconds():
-    from trimpass.budget.costmodel import REFIT_AFTER, EngineCost
+    from trimpass.spec.control.costmodel import REFIT_AFTER, EngineCost
     table = CostTable([1, 2, 4, 8], [0, 4, 8, 16, 32], 0.05 + 0.001 * np.arange(20).reshape(4, 5))
     cost = EngineCost(lambda b, drafted: 0.0, table.to_dict())
     v0 = cost.table.version

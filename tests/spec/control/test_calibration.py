@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from trimpass.budget.calibration import Calibration
+from trimpass.spec.control.calibration import Calibration
 
 
 def _brute_isotonic(xs, ys):

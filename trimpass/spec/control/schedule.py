@@ -58,27 +58,26 @@ class Probes:
         self._plain_seen = collections.Counter()  # bucket -> plain steps observed
 
     @staticmethod
-    def loss(batch: int, gamma: int, cost, first_s: float | None, step_s: float | None,
+    def loss(batch: int, gamma: int, cost, draft_s: float | None,
              accept_max: float) -> float | None:
         """A probe's expected loss in seconds at ``batch`` requests drafting ``gamma`` tokens
-        each: drafting (``first_s`` + (gamma - 1) ``step_s``) and verifying B (1 + gamma) tokens
-        instead of B, less the plain-step seconds of the drafted tokens it may accept (at most
-        ``accept_max`` each). None where a timing or the cost model is missing."""
-        if cost is None or first_s is None or step_s is None or batch < 1:
+        each: drafting (``draft_s``) and verifying B (1 + gamma) tokens instead of B, less the
+        plain-step seconds of the drafted tokens it may accept (at most ``accept_max`` each).
+        None where the drafting seconds or the cost model are missing."""
+        if cost is None or draft_s is None or batch < 1:
             return None
         B, K = int(batch), int(batch) * int(gamma)
         plain = float(cost(B, B))
         extra = float(cost(B, B + K)) - plain
         gain = K * float(accept_max) * plain / B
-        return max(first_s + (gamma - 1) * step_s + extra - gain, 0.0)
+        return max(draft_s + extra - gain, 0.0)
 
     @staticmethod
-    def hopeless(batch: int, gamma_max: int, cost, first_s: float | None,
-                 step_s: float | None) -> bool:
+    def hopeless(batch: int, gamma_max: int, cost, draft_s) -> bool:
         """Whether drafting at ``batch`` requests loses at every draft length up to
-        ``gamma_max`` even with every drafted token accepted (False where a timing or the cost
-        model is missing)."""
-        return all((x := Probes.loss(batch, g, cost, first_s, step_s, 1.0)) is not None
+        ``gamma_max`` even with every drafted token accepted (``draft_s(depth)``: the drafting
+        seconds; False where one is missing or the cost model is)."""
+        return all((x := Probes.loss(batch, g, cost, draft_s(g), 1.0)) is not None
                    and x > 0 for g in range(1, int(gamma_max) + 1))
 
     def decide(self, k: int, skip: bool, *, loss: float | None, plain_s: float | None,
@@ -124,5 +123,5 @@ class Probes:
         self._plain_seen[k] += 1
 
     def rates(self) -> dict:
-        """Batch bucket -> its current probe rate."""
-        return {k: b.rate for k, b in sorted(self._buckets.items())}
+        """Batch bucket (or an engine's own key) -> its current probe rate."""
+        return {k: b.rate for k, b in sorted(self._buckets.items(), key=lambda kb: str(kb[0]))}

@@ -1,1 +1,0 @@
-"""Tests of trimpass.budget."""

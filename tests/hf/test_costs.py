@@ -1,0 +1,62 @@
+"""The fused loop's rounds priced by the speculation core's controller (trimpass.hf.costs): a
+lookup round is one batched pass, a self-draft round its body steps and one full-head product; the
+round of more expected tokens per second is chosen, by match length, before anything runs."""
+import pytest
+
+from trimpass.hf.costs import RoundCosts
+from trimpass.spec.config import BudgetConfig
+from trimpass.spec.control.controller import Controller
+from trimpass.spec.drafts import Drafts
+
+G, L = 8, 15
+
+
+def _controller(step_s=0.010, verify_s=0.012, head_s=0.002):
+    costs = RoundCosts(G)
+    for name, s in (("step_s", step_s), ("verify_s", verify_s), ("head_s", head_s)):
+        costs.time(name, s)
+    return Controller(BudgetConfig(lookup={"tokens": L}).for_engine(L), L, costs)
+
+
+def _choice(c, match: int) -> str:
+    look = Drafts.of([list(range(L))], "lookup", [match])
+    plan = c.plan(1, G, look, depths=(0, G))
+    return "self" if plan.depth else "lookup"
+
+
+def test_an_unpriced_round_is_a_self_draft_and_no_lookup_draft_means_one():
+    c = Controller(BudgetConfig().for_engine(L), L, RoundCosts(G))
+    assert _choice(c, 4) == "self"  # nothing timed yet
+    assert _controller().plan(1, G, None, depths=(G,)).depth == G
+
+
+def test_the_choice_follows_tokens_per_second_by_match_length():
+    c = _controller()
+    for _ in range(40):  # self-drafts keep nearly all 8: about 8 tokens in 8 steps (82 ms)
+        c.prices["self"].observe(0, kept=8, reached=8)
+        c.costs.self_round(8, 0.082)
+        c.prices["lookup"].observe(1, kept=0, reached=1)  # one-token matches keep nothing
+        c.prices["lookup"].observe(4, kept=L, reached=L)  # four-token matches keep them all
+    assert _choice(c, 1) == "self" and _choice(c, 4) == "lookup"
+    assert _choice(c, 9) == "lookup"  # longer matches pool with the longest priced
+
+
+def test_a_costly_batched_pass_loses_to_self_drafts_and_probes_come_by_the_schedule():
+    c = _controller(verify_s=0.5)
+    for _ in range(40):
+        c.prices["self"].observe(0, kept=8, reached=8)
+        c.prices["lookup"].observe(4, kept=L, reached=L)
+    picks = [_choice(c, 4) for _ in range(400)]
+    probes = [i for i, p in enumerate(picks) if p == "lookup"]
+    assert picks[0] == "self" and len(probes) == c.counts["lookup_probes"] >= 2
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # each probe that still loses waits longer
+    assert c.counts["plain_probes"] == 0  # no cost model to observe plain steps here
+
+
+@pytest.mark.parametrize("name", ["step_s", "verify_s", "head_s"])
+def test_each_cost_is_a_running_mean_of_the_rounds(name):
+    costs = RoundCosts(G)
+    costs.time(name, 1.0)
+    costs.time(name, 2.0)
+    assert getattr(costs, name) == pytest.approx(1.1)

@@ -1,0 +1,71 @@
+"""What a draft source is worth, one record per source, so that the controller prices every source
+with one cost model. :class:`PriceRecord` keeps, by match length and position, how often a drafted
+token was reached (every earlier one accepted) and kept (accepted too), and reads
+P(position k accepted | every earlier one was) with a Beta prior until observed. A lookup draft
+(:mod:`trimpass.spec.proposers.lookup`) is priced by the length of the suffix it matched (rows 0 ..
+``match_cap``); a self-draft has one row. Both learn from every draft offered, sent or not: the
+tokens a request emitted are the target's own, so where a draft parts from them the target would
+have rejected it, and where it agrees the target would have kept it (:func:`agreement`)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from trimpass.spec.config import LookupConfig
+
+MATCH_MAX = LookupConfig.match_cap  # match lengths priced apart (longer ones pool with it)
+
+
+def agreement(drafted, emitted) -> tuple[int, int]:
+    """``(kept, reached)`` of a draft against the tokens the target emitted after the same text:
+    its first ``kept`` tokens agree; positions up to ``reached`` are known (a disagreement is
+    known only where the target emitted a token at that position)."""
+    n = min(len(drafted), len(emitted))
+    kept = next((i for i in range(n) if drafted[i] != emitted[i]), n)
+    return kept, min(kept + 1, n)
+
+
+class PriceRecord:
+    """Acceptance of one source's drafts by match length (``rows``) and position (``gamma``),
+    ``prior`` (accepted, rejected) pseudo-counts at every cell."""
+
+    def __init__(self, gamma: int, rows: int = 1, prior: tuple[float, float] = (1.0, 1.0)):
+        if not all(isinstance(p, (int, float)) and math.isfinite(p) and p > 0 for p in prior):
+            raise ValueError(f"price prior: two finite pseudo-counts > 0 (accepted, rejected), "
+                             f"got {prior!r}")
+        self.gamma, self.rows, self.prior = int(gamma), int(rows), tuple(map(float, prior))
+        self.reached = np.zeros((self.rows, self.gamma))
+        self.kept = np.zeros((self.rows, self.gamma))
+
+    def table(self) -> np.ndarray:
+        """P(position k accepted | reached), [rows, gamma]."""
+        a, b = self.prior
+        return (self.kept + a) / (self.reached + a + b)
+
+    def row(self, match: int = 0) -> torch.Tensor:
+        """One row's confidences [gamma] (match lengths past the last row pool with it)."""
+        return torch.from_numpy(self.table()[min(int(match), self.rows - 1)].copy())
+
+    def confidences(self, lengths, matches, width: int) -> torch.Tensor:
+        """Confidences [B, width] of drafts of ``lengths`` tokens at ``matches``: zero past each
+        draft."""
+        lengths = np.minimum(np.asarray(lengths, dtype=np.int64), min(self.gamma, width))
+        match = np.minimum(np.asarray(matches, dtype=np.int64), self.rows - 1)
+        conf = np.zeros((len(lengths), width))
+        cols = min(width, self.gamma)
+        conf[:, :cols] = self.table()[match, :cols]
+        conf[np.arange(width)[None, :] >= lengths[:, None]] = 0.0
+        return torch.from_numpy(conf)
+
+    def observe(self, match: int, kept: int, reached: int) -> None:
+        """One draft at ``match`` whose first ``reached`` positions are known, the first ``kept``
+        of them accepted."""
+        m, reached = min(int(match), self.rows - 1), min(int(reached), self.gamma)
+        self.reached[m, :reached] += 1
+        self.kept[m, :min(int(kept), reached)] += 1
+
+    def as_dict(self) -> dict:
+        return {"reached": self.reached.sum(axis=1).tolist(),
+                "accept_first": self.table()[:, 0].round(3).tolist()}
