@@ -254,10 +254,9 @@ def test_a_step_where_no_draft_can_pay_skips_the_drafter(shares_cache):
         assert p.forwards == 1 and p.asked == 0 and c.counts["skipped"] == 1
     # a batch of 5 falls in another bucket, not timed yet: its timings are bucket 4's, scaled by
     # the cost model (flat here), so it skips without drafting first
-    assert c.costs.timing("first_s", 5) == c.costs.timing("first_s", 3) == \
-        c.costs.timings.first_s[4]
+    assert c.costs.draft_s(5, 1) == c.costs.draft_s(3, 1) == pytest.approx(0.05)
     fresh = _budget(Proposer(_steps(6)), shares_cache, policy="dcut", table=_table(10.0))
-    assert fresh.costs.timing("first_s", 5) is None  # no timed bucket: it drafts, and is timed
+    assert fresh.costs.draft_s(5, 1) is None  # no timed bucket: it drafts, and is timed
 
 
 def test_a_prefill_is_not_timed_and_skipping_probes_when_a_probe_is_priced_worth_it():
@@ -265,7 +264,7 @@ def test_a_prefill_is_not_timed_and_skipping_probes_when_a_probe_is_priced_worth
     c = _budget(p, True, policy="dcut", table=_table(10.0), probe=1.0)
     r = Runner(p)
     _propose(r, tokens=B * 50)
-    assert c.costs.timings.first_s == {}  # prompts: not drafting time
+    assert c.costs.as_dict()["draft_s"] == {}  # prompts: not drafting time
     _timed(c)
     # a probe verifies 12 drafted tokens at 10 s each for at most 4 s saved: it is due once the
     # skipped plain steps (1 s each) add up to its loss (probe=1.0), then at twice that

@@ -139,6 +139,7 @@ class Proposer:
             return self._cut(plan, batch, lookup=lookup)
         self.confidences = []
         drafts, seconds = timed(self._run, batch, ids, lambda: run(plan.depth), device=device)
+        c.costs.timings.drafting(seconds)  # the drafter's, not the step's overhead
         if plan.depth and tokens <= len(batch.req_ids) * (1 + c.gamma_max):  # not a prefill's
             c.costs.drafted(len(batch.req_ids), plan.depth, seconds)
         conf = torch.stack(self.confidences, dim=1) if self.confidences else None

@@ -7,7 +7,7 @@ import torch
 
 from trimpass.spec.control.controller import Controller, Plan
 from trimpass.spec.control.costmodel import CostTable
-from trimpass.spec.control.costs import ChainCosts
+from trimpass.spec.control.costs import TIMED_MIN, ChainCosts
 from trimpass.spec.drafts import Drafts
 
 G = 4
@@ -17,8 +17,8 @@ TABLE = CostTable([1, 8], [0, 32], [[1.0, 1.0 + 0.02 * 32], [1.6, 1.6 + 0.02 * 3
 def _controller(first=0.05, step=0.05, shares_cache=True, **settings):
     costs = ChainCosts(TABLE, shares_cache=shares_cache)
     for _ in range(3):
-        costs.timings.record("first_s", 4, first)
-        costs.timings.record("step_s", 4, step)
+        costs.drafted(4, 1, first)
+        costs.drafted(4, G, first + (G - 1) * step)
     return Controller({"policy": "dcut", **settings}, G, costs)
 
 
@@ -36,8 +36,18 @@ def _lookup(rows, match):
 def test_an_unpriced_drafter_drafts_as_deep_as_asked_and_is_timed():
     c = Controller({"policy": "dcut"}, G, ChainCosts(TABLE, shares_cache=True))
     assert c.plan(4, G) == Plan(G, (False,) * 4)
-    c.costs.drafted(4, G, 0.2)  # one whole proposal, synchronised
-    assert c.costs.timings.at("first_s", 4) == pytest.approx(0.05)
+    for _ in range(TIMED_MIN):  # whole proposals, synchronised
+        assert c.costs.draft_s(4, G) is None
+        c.costs.drafted(4, G, 0.2)
+    assert c.costs.draft_s(4, G) == pytest.approx(0.2)
+    assert c.costs.draft_s(4, 1) == pytest.approx(0.05)  # one depth timed: in proportion
+    for _ in range(TIMED_MIN):
+        c.costs.drafted(4, 1, 0.08)
+    assert c.costs.draft_s(4, 2) == pytest.approx(0.12)  # two: the first forward and a step
+    assert c.costs.draft_s(3, G) == pytest.approx(0.2)  # another batch, same bucket
+    table = CostTable.from_dict(TABLE)
+    scale = float(table(8, 8)) / float(table(4, 4))
+    assert c.costs.draft_s(8, 1) == pytest.approx(0.08 * scale)  # scaled by C(B, B)
 
 
 def test_the_depth_follows_the_drafters_price_before_drafting():

@@ -122,7 +122,8 @@ def _drafting(first, step):
 
 def _controller(settings, table, first, step=None):
     costs = ChainCosts(table.to_dict(), shares_cache=True)
-    costs.timing = lambda name, batch: first if name == "first_s" or step is None else step
+    step = first if step is None else step
+    costs.draft_s = lambda batch, depth: first + (depth - 1) * step
     return Controller(settings, 4, costs)
 
 

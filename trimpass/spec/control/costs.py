@@ -3,18 +3,23 @@ pass (vLLM's draft-model route), as the controller prices it: :meth:`ChainCosts.
 a batch and a drafting depth, the verification cost C(batch, tokens) with the step's measured
 overhead (:class:`~trimpass.spec.control.costmodel.EngineCost`) and the drafting seconds. The
 drafter's seconds come from whole proposals, timed by the engine with the device synchronised
-(:func:`trimpass.measure.timed`), never from host clocks between unsynchronised drafting steps: a
-depth-1 proposal times the first forward (``first_s``), a deeper one each later step (``step_s``,
-its seconds past the first forward over its later steps). A bucket's timings are its own once it
-holds :data:`TIMED_MIN` of them, before that its nearest timed bucket's, scaled by the cost
-model's C(B, B), or none (then the depth is not priced: the proposal drafts, and is timed)."""
+(:func:`trimpass.measure.timed`), never from host clocks between unsynchronised drafting steps: per
+batch bucket and depth, the median of the last :data:`~trimpass.spec.control.timings.WINDOW`. A
+depth not timed at a bucket is read off the depths that were: a line through them (the first
+forward and each later step), or, with one depth timed, in proportion to it. A bucket's timings
+count once it holds :data:`TIMED_MIN` of a depth; before that its nearest timed bucket's, scaled by
+the cost model's C(B, B), or none (then the depth is not priced: the proposal drafts, and is
+timed)."""
 from __future__ import annotations
 
-from trimpass.spec.control.costmodel import EngineCost
-from trimpass.spec.control.timings import Timings, bucket
+import collections
 
-TIMED_MIN = 3  # proposals a bucket times before its own timings count (the first may run cold)
-MIN_SAMPLES = {"first_s": TIMED_MIN, "step_s": 1}
+import numpy as np
+
+from trimpass.spec.control.costmodel import EngineCost
+from trimpass.spec.control.timings import WINDOW, Timings, bucket, nearest
+
+TIMED_MIN = 3  # proposals of a depth a bucket times before they count (the first may run cold)
 
 
 class ChainCosts:
@@ -27,19 +32,19 @@ class ChainCosts:
     def __init__(self, table: dict | None = None, *, shares_cache: bool = False):
         self.timings = Timings()
         self.engine = EngineCost(self.timings.overhead, table)
+        self._drafting: dict = {}  # (bucket, depth) -> the last WINDOW proposals' seconds
         self.shares_cache = bool(shares_cache)
 
     def price(self, batch: int, depth: int):
         """``(cost, drafting seconds)`` of a proposal of ``depth`` steps over ``batch``
         requests, or None where the cost model or the drafter's timing is missing."""
         cost = self.engine.step_cost
-        first = self.timing("first_s", batch)
-        if cost is None or (first is None and (depth or not self.shares_cache)):
+        if cost is None:
             return None
-        if depth == 0:
-            return cost, 0.0 if self.shares_cache else first
-        step = self.timing("step_s", batch) if depth > 1 else 0.0
-        return None if step is None else (cost, first + (depth - 1) * step)
+        if depth == 0 and self.shares_cache:
+            return cost, 0.0
+        seconds = self.draft_s(batch, max(depth, 1))  # depth 0: the first forward alone
+        return None if seconds is None else (cost, seconds)
 
     @staticmethod
     def reach(depth: int) -> int:
@@ -54,26 +59,43 @@ class ChainCosts:
         """One pure decode step of ``tokens`` over ``batch`` requests took ``seconds``."""
         self.engine.observe(batch, tokens, seconds)
 
-    def timing(self, name: str, batch: int) -> float | None:
-        """The drafter's ``name`` seconds at ``batch``'s bucket (see the module's note)."""
-        t, least = self.timings, MIN_SAMPLES[name]
-        if t.count(name, batch) >= least:
-            return t.at(name, batch)
-        ref, table = t.nearest(name, batch, least), self.engine.table
+    def draft_s(self, batch: int, depth: int) -> float | None:
+        """The drafter's seconds for ``depth`` steps at ``batch``'s bucket (the module's note)."""
+        k = bucket(batch)
+        if self._timed(k):
+            return self._fit(k, depth)
+        ref, table = nearest([b for b in {b for b, _ in self._drafting} if self._timed(b)],
+                             batch), self.engine.table
         if ref is None or table is None:
             return None
-        k = bucket(batch)
-        return t.at(name, ref) * float(table(k, k)) / float(table(ref, ref))
+        return self._fit(ref, depth) * float(table(k, k)) / float(table(ref, ref))
+
+    def _timed(self, k: int) -> bool:
+        return any(b == k and len(s) >= TIMED_MIN for (b, _), s in self._drafting.items())
+
+    def _fit(self, k: int, depth: int) -> float:
+        got = {d: float(np.median(s)) for (b, d), s in self._drafting.items()
+               if b == k and len(s) >= TIMED_MIN}
+        if depth in got:
+            return got[depth]
+        if len(got) == 1:
+            (d, s), = got.items()
+            return s * depth / d
+        slope, first = np.polyfit(list(got), list(got.values()), 1)
+        return max(float(first + slope * depth), 0.0)
 
     def drafted(self, batch: int, depth: int, seconds: float) -> None:
         """One proposal of ``depth`` drafting steps took ``seconds`` (synchronised)."""
-        if depth == 1 or (depth > 1 and self.timings.at("first_s", batch) is None):
-            self.timings.record("first_s", batch, seconds / depth)
-        if depth > 1:
-            first = self.timings.at("first_s", batch)
-            self.timings.record("step_s", batch, max(seconds - first, 0.0) / (depth - 1))
+        key = (bucket(batch), int(depth))
+        self._drafting.setdefault(key, collections.deque(maxlen=WINDOW)).append(float(seconds))
 
     def as_dict(self) -> dict:
-        return {**self.timings.as_dict(), "cost_measurements": self.engine.measurements,
+        buckets = sorted({b for b, _ in self._drafting if self._timed(b)})
+        first = {b: self._fit(b, 1) for b in buckets}
+        return {**self.timings.as_dict(), "first_s": first,
+                "step_s": {b: self._fit(b, 2) - first[b] for b in buckets},
+                "draft_s": {f"{b}x{d}": float(np.median(s)) for (b, d), s in
+                            sorted(self._drafting.items())},
+                "cost_measurements": self.engine.measurements,
                 "updates": self.engine.updates,
                 "table": None if self.engine.table is None else self.engine.table.to_dict()}

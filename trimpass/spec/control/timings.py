@@ -1,10 +1,8 @@
-"""An engine's timings as the budget policies read them, engine-independent: per power-of-two batch
-bucket, the median of the last :data:`WINDOW` seconds of the drafter's first forward
-(``first_s``), of each later drafting step (``step_s``) and of a step's overhead outside the
-target's forward and the drafter (``overhead_s`` for a step that verified drafts,
-``overhead_plain_s`` for one that verified none: the gap from one forward's end to the next one's
-start, less the drafter's seconds in it). A median, so a cold first call or an idle engine's gap
-does not stick."""
+"""An engine's step overhead as the controller prices it, engine-independent: per power-of-two batch
+bucket, the median of the last :data:`WINDOW` seconds of a step's overhead outside the target's
+forward and the drafter (``overhead_s`` for a step that verified drafts, ``overhead_plain_s`` for
+one that verified none: the gap from one forward's end to the next one's start, less the
+drafter's seconds in it). A median, so a cold first call or an idle engine's gap does not stick."""
 from __future__ import annotations
 
 import collections
@@ -12,7 +10,7 @@ import collections
 import numpy as np
 
 WINDOW = 15  # the timings whose median is a bucket's
-NAMES = ("first_s", "step_s", "overhead_s", "overhead_plain_s")
+NAMES = ("overhead_s", "overhead_plain_s")
 
 
 def bucket(batch: int) -> int:
@@ -20,7 +18,7 @@ def bucket(batch: int) -> int:
     return 1 << max(int(batch) - 1, 0).bit_length()
 
 
-def _nearest(buckets, batch: int) -> int | None:
+def nearest(buckets, batch: int) -> int | None:
     """Of ``buckets``, the one nearest ``batch``'s bucket (the smaller on a tie), or None."""
     n = bucket(batch).bit_length()
     return min(buckets, key=lambda k: (abs(k.bit_length() - n), k), default=None)
@@ -30,8 +28,6 @@ class Timings:
     """Bucket -> median seconds for each of :data:`NAMES` (attributes of the same names)."""
 
     def __init__(self):
-        self.first_s: dict = {}
-        self.step_s: dict = {}
         self.overhead_s: dict = {}
         self.overhead_plain_s: dict = {}
         self._samples: dict = {}  # (name, bucket) -> the last WINDOW seconds
@@ -44,25 +40,12 @@ class Timings:
         s.append(seconds)
         getattr(self, name)[k] = float(np.median(s))
 
-    def count(self, name: str, batch: int) -> int:
-        """How many timings of ``name`` ``batch``'s bucket holds."""
-        return len(self._samples.get((name, bucket(batch)), ()))
-
-    def at(self, name: str, batch: int) -> float | None:
-        return getattr(self, name).get(bucket(batch))
-
-    def nearest(self, name: str, batch: int, least: int) -> int | None:
-        """The bucket nearest ``batch``'s (the smaller on a tie) holding at least ``least``
-        timings of ``name``, or None."""
-        return _nearest([k for (n, k), s in self._samples.items()
-                         if n == name and len(s) >= least], batch)
-
     def overhead(self, batch: int, drafted: bool) -> float:
         """The overhead of a step of this kind at ``batch``'s bucket, or at the nearest bucket
         measured (of the other kind where this one has none; 0 before any)."""
         mine, other = (self.overhead_s, self.overhead_plain_s)[::1 if drafted else -1]
         got = mine or other
-        return got[_nearest(got, batch)] if got else 0.0
+        return got[nearest(got, batch)] if got else 0.0
 
     def drafting(self, seconds: float) -> None:
         """The drafter ran ``seconds`` between two target forwards."""
