@@ -60,3 +60,14 @@ def test_each_cost_is_a_running_mean_of_the_rounds(name):
     costs.time(name, 1.0)
     costs.time(name, 2.0)
     assert getattr(costs, name) == pytest.approx(1.1)
+
+
+def test_a_forgotten_lookup_record_probes_at_its_first_match_once():
+    c = _controller(verify_s=0.5)  # lookup loses on its price...
+    for _ in range(40):
+        c.prices["self"].observe(0, kept=8, reached=8)
+    assert _choice(c, 4) == "self"
+    c.forget("lookup")  # ...a new request: its text's repeats are its own
+    assert c.prices["lookup"].reached.sum() == 0 and c.prices["self"].reached.sum() > 0
+    assert c.plan(1, G, None, depths=(G,)).depth == G  # no match yet: the probe waits for one
+    assert [_choice(c, 4) for _ in range(3)] == ["lookup", "self", "self"]

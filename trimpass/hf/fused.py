@@ -226,7 +226,7 @@ class FusedLoop:
         h = self.body.prefill(input_ids.to(self.body.device))[0]
         text = input_ids[0].tolist() + [self._first(h, sampler)]
         proposer = self.proposer(self.lookup, outputs) if self.lookup_tokens else None
-        self.controller.forget()
+        self.controller.forget("lookup")  # the text's repeats are its own; the model's stay
         new = text[P:]
         while len(text) - P < max_new_tokens and text[-1] not in eos:
             new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposer)

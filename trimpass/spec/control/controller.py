@@ -71,6 +71,7 @@ class Controller:
         self.schedule = Probes(self.settings["probe"])
         self.counts, self.kept, self.depth = (collections.Counter() for _ in range(3))
         self._offered: dict = {}  # request id -> [(source, match, ids, raw scores, sent)]
+        self._fresh: set = set()  # sources whose record started over since their last plan
 
     @property
     def settings(self) -> dict:
@@ -139,6 +140,8 @@ class Controller:
             return Plan(deepest, plan.lookup, "probe")
         if not skip and lookup is not None and not self.costs.mixes_sources:
             return self._lookup_probe(k, plan, lookup)
+        if lookup is not None:
+            self._fresh.discard("lookup")
         if not skip and loss is not None and self.costs.plain_probes and \
                 self.schedule.plain_probe(k):
             self.counts["plain_probes"] += 1  # a plain step's cost, for the cost model to see
@@ -157,7 +160,10 @@ class Controller:
         they run anyway, so that their round's cost stays observed (their acceptance is priced
         from every round's emitted tokens)."""
         record = float(self.prices["lookup"].row(max(lookup.match))[0])
-        if not self.schedule.decide(("lookup", k), True, loss=None, plain_s=None, record=record):
+        fresh = "lookup" in self._fresh  # its record just started over: its first match probes
+        self._fresh.discard("lookup")
+        if not self.schedule.decide(("lookup", k), True, loss=None, plain_s=None,
+                                    record=record) and not fresh:
             return plan
         self.counts["lookup_probes"] += 1
         return Plan(0, tuple(c > 0 for c in lookup.counts), "probe")
@@ -215,10 +221,14 @@ class Controller:
         :meth:`observe` prices them against what the target emitted."""
         self._offered.setdefault(rid, []).append((source, match, list(ids), scores, int(sent)))
 
-    def forget(self) -> None:
-        """Start the price records over (a new text whose repeats are its own); the costs and
-        the calibration stay."""
-        self.prices = {k: PriceRecord(r.gamma, r.rows, r.prior) for k, r in self.prices.items()}
+    def forget(self, *sources: str) -> None:
+        """Start the price records of ``sources`` over (lookup's, at a new text whose repeats are
+        its own): where the next plan with such a draft passes it over, it runs as a probe; the
+        other records, the costs and the calibration stay."""
+        self._fresh |= set(sources)
+        for k in sources:
+            r = self.prices[k]
+            self.prices[k] = PriceRecord(r.gamma, r.rows, r.prior)
         self._offered.clear()
 
     def observe(self, req_ids, emitted: list[list[int]]) -> None:
