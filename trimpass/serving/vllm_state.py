@@ -156,10 +156,12 @@ class Proposer:
             self.trimmer.end()
 
     def _cut(self, plan, batch, drafts=None, conf=None, **kw):
+        if drafts is not None and not (isinstance(drafts, torch.Tensor) and drafts.dim() == 2):
+            self.controller.counts["unbudgeted"] += 1  # a route's drafts of another shape: as is
+            return drafts
         t0 = time.perf_counter()
-        draft = drafts if isinstance(drafts, torch.Tensor) and drafts.dim() == 2 else None
         try:
-            return self.controller.cut(plan, batch.req_ids, draft, conf, **kw)
+            return self.controller.cut(plan, batch.req_ids, drafts, conf, **kw)
         finally:
             self.budget_s += time.perf_counter() - t0
 
