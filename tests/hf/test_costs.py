@@ -31,12 +31,14 @@ def test_an_unpriced_round_is_a_self_draft_and_no_lookup_draft_means_one():
 
 
 def test_the_choice_follows_tokens_per_second_by_match_length():
-    c = _controller()
+    c = _controller(verify_s=0.020)
     for _ in range(40):  # self-drafts keep nearly all 8: about 8 tokens in 8 steps (82 ms)
         c.prices["self"].observe(0, kept=8, reached=8)
         c.costs.self_round(8, 0.082)
-        c.prices["lookup"].observe(1, kept=0, reached=1)  # one-token matches keep nothing
-        c.prices["lookup"].observe(4, kept=L, reached=L)  # four-token matches keep them all
+        # one-token matches keep nothing (about 1.5 tokens a 20 ms pass: the rare pass of their
+        # first token priced as four-token matches do after it); four-token matches keep all
+        c.prices["lookup"].observe(1, kept=0, reached=1)
+        c.prices["lookup"].observe(4, kept=L, reached=L)
     assert _choice(c, 1) == "self" and _choice(c, 4) == "lookup"
     assert _choice(c, 9) == "lookup"  # longer matches pool with the longest priced
 

@@ -18,10 +18,18 @@ def test_the_price_is_per_match_length_and_position_from_what_was_accepted():
         p.observe(1, kept=0, reached=1)  # short matches: rejected at once
         p.observe(4, kept=4, reached=4)  # long matches: all accepted
     c = p.confidences([4, 4, 2], [1, 9, 4], G)
-    assert c[0, 0] == pytest.approx(1 / 10) and (c[0, 1:] == 0.5).all()  # never reached past 0
-    assert (c[1] == 0.9).all() and c[1].tolist() == c[2].tolist()[:2] + [0.9, 0.9]  # 9 pools at 4
+    # each cell's prior, worth 2 observations, is the other match lengths' record there: at
+    # position 0, match 1's is match 4's (8 + 1) / (8 + 2), so (0 + 2 x 0.9) / (8 + 2); match
+    # 4's is match 1's (0 + 1) / (8 + 2), so (8 + 2 x 0.1) / (8 + 2)
+    assert c[0, 0] == pytest.approx(0.18) and c[1, 0] == pytest.approx(0.82)
+    # later positions, reached by match 4 alone: match 1, never reached there, starts from what
+    # match 4 did, (8 + 1) / (8 + 2); match 4 from the prior, (8 + 2 x 0.5) / (8 + 2)
+    assert c[0, 1:].tolist() == pytest.approx([0.9] * 3)
+    assert c[1, 1:].tolist() == pytest.approx([0.9] * 3)
+    assert c[1].tolist()[:2] == c[2].tolist()[:2]  # 9 pools at 4
     assert c[2, 2:].tolist() == [0.0, 0.0]  # past its draft
-    assert p.row(4).tolist() == pytest.approx([0.9] * G) and p.row(99).tolist() == p.row(4).tolist()
+    assert p.row(99).tolist() == p.row(4).tolist()
+    assert PriceRecord(G, rows=5).row(2).tolist() == [0.5] * G  # nothing seen: the prior
 
 
 def test_agreement_knows_only_the_positions_the_target_emitted():

@@ -28,8 +28,10 @@ def agreement(drafted, emitted) -> tuple[int, int]:
 
 
 class PriceRecord:
-    """Acceptance of one source's drafts by match length (``rows``) and position (``gamma``),
-    ``prior`` (accepted, rejected) pseudo-counts at every cell."""
+    """Acceptance of one source's drafts by match length (``rows``) and position (``gamma``). A
+    cell's prior is its position's record pooled over the other match lengths, worth as many
+    observations as ``prior`` holds pseudo-counts, and that pool's own prior is ``prior``
+    (accepted, rejected): so a match length not yet seen starts from what the others did."""
 
     def __init__(self, gamma: int, rows: int = 1, prior: tuple[float, float] = (1.0, 1.0)):
         if not all(isinstance(p, (int, float)) and math.isfinite(p) and p > 0 for p in prior):
@@ -42,7 +44,10 @@ class PriceRecord:
     def table(self) -> np.ndarray:
         """P(position k accepted | reached), [rows, gamma]."""
         a, b = self.prior
-        return (self.kept + a) / (self.reached + a + b)
+        others_kept = self.kept.sum(axis=0) - self.kept  # each row's prior: the other rows'
+        others = self.reached.sum(axis=0) - self.reached
+        pooled = (others_kept + a) / (others + a + b)
+        return (self.kept + (a + b) * pooled) / (self.reached + a + b)
 
     def row(self, match: int = 0) -> torch.Tensor:
         """One row's confidences [gamma] (match lengths past the last row pool with it)."""
