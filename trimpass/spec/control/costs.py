@@ -33,6 +33,7 @@ class ChainCosts:
         self.timings = Timings()
         self.engine = EngineCost(self.timings.overhead, table)
         self._drafting: dict = {}  # (bucket, depth) -> the last WINDOW proposals' seconds
+        self._lines: dict = {}  # bucket -> its timed depths' medians and their line (a cache)
         self.shares_cache = bool(shares_cache)
 
     def price(self, batch: int, depth: int):
@@ -71,23 +72,33 @@ class ChainCosts:
         return self._fit(ref, depth) * float(table(k, k)) / float(table(ref, ref))
 
     def _timed(self, k: int) -> bool:
-        return any(b == k and len(s) >= TIMED_MIN for (b, _), s in self._drafting.items())
+        return bool(self._line(k)[0])
+
+    def _line(self, k: int) -> tuple:
+        """Bucket ``k``'s timed depths -> median seconds, and the line through them (slope,
+        first), computed once per new timing: the controller reads them several times a step."""
+        if k not in self._lines:
+            got = {d: float(np.median(s)) for (b, d), s in self._drafting.items()
+                   if b == k and len(s) >= TIMED_MIN}
+            line = tuple(np.polyfit(list(got), list(got.values()), 1)) if len(got) > 1 else None
+            self._lines[k] = (got, line)
+        return self._lines[k]
 
     def _fit(self, k: int, depth: int) -> float:
-        got = {d: float(np.median(s)) for (b, d), s in self._drafting.items()
-               if b == k and len(s) >= TIMED_MIN}
+        got, line = self._line(k)
         if depth in got:
             return got[depth]
-        if len(got) == 1:
+        if line is None:
             (d, s), = got.items()
             return s * depth / d
-        slope, first = np.polyfit(list(got), list(got.values()), 1)
+        slope, first = line
         return max(float(first + slope * depth), 0.0)
 
     def drafted(self, batch: int, depth: int, seconds: float) -> None:
         """One proposal of ``depth`` drafting steps took ``seconds`` (synchronised)."""
         key = (bucket(batch), int(depth))
         self._drafting.setdefault(key, collections.deque(maxlen=WINDOW)).append(float(seconds))
+        self._lines.pop(key[0], None)
 
     def as_dict(self) -> dict:
         buckets = sorted({b for b, _ in self._drafting if self._timed(b)})
