@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from trimpass.spec.control.calibration import Calibration
-from trimpass.spec.control.dcut import best_rate
+from trimpass.spec.control.dcut import best_rate, tabled
 from trimpass.spec.control.policies import make
 from trimpass.spec.control.prices import MATCH_MAX, PriceRecord, agreement
 from trimpass.spec.control.schedule import Probes
@@ -99,18 +99,22 @@ class Controller:
             return self._skip(batch)
         if not self.policy.prices_steps:
             return Plan(depths[-1], (False,) * batch)
-        rates = [self._rate(batch, d, lookup) for d in depths]
+        tables: dict = {}  # each cost read once for this batch, whatever the depth
+        rates = [self._rate(batch, d, lookup, tables) for d in depths]
         if any(r is None for r in rates):  # not priced yet: draft as deep as asked, and be timed
             return Plan(depths[-1], self._use_all(batch, lookup))
         best = max(range(len(depths)), key=lambda i: rates[i][0])  # first of equal: shallowest
         return self._scheduled(batch, depths[-1], Plan(depths[best], rates[best][1]), lookup)
 
-    def _rate(self, batch: int, depth: int, lookup: Drafts | None):
+    def _rate(self, batch: int, depth: int, lookup: Drafts | None, tables: dict):
         """``(expected tokens per second, lookup use per request)`` at ``depth``, or None."""
         priced = self.costs.price(batch, depth)
         if priced is None:
             return None
         cost, draft_s = priced
+        if id(cost) not in tables:  # the cost kept beside its table: its id stays its own
+            tables[id(cost)] = (cost, tabled(cost, batch, batch * self.gamma_max))
+        cost = tables[id(cost)][1]
         own = torch.zeros(batch, max(depth, 1), dtype=torch.float64)
         reach = self.costs.reach(depth)
         own[:, :reach] = self.prices["self"].row()[:reach]

@@ -34,12 +34,13 @@ class ChainCosts:
         self.engine = EngineCost(self.timings.overhead, table)
         self._drafting: dict = {}  # (bucket, depth) -> the last WINDOW proposals' seconds
         self._lines: dict = {}  # bucket -> its timed depths' medians and their line (a cache)
+        self._cost = None  # (the table, its StepCost)
         self.shares_cache = bool(shares_cache)
 
     def price(self, batch: int, depth: int):
         """``(cost, drafting seconds)`` of a proposal of ``depth`` steps over ``batch``
         requests, or None where the cost model or the drafter's timing is missing."""
-        cost = self.engine.step_cost
+        cost = self.verify_cost(batch)
         if cost is None:
             return None
         if depth == 0 and self.shares_cache:
@@ -53,8 +54,14 @@ class ChainCosts:
         return depth
 
     def verify_cost(self, batch: int):
-        """C(batch, tokens) with the step's overhead, or None before the cost model exists."""
-        return self.engine.step_cost
+        """C(batch, tokens) with the step's overhead, or None before the cost model exists (one
+        object per table: it reads the table and the overheads as they are when called)."""
+        table = self.engine.table
+        if table is None:
+            return None
+        if self._cost is None or self._cost[0] is not table:
+            self._cost = (table, self.engine.step_cost)
+        return self._cost[1]
 
     def observe(self, batch: int, tokens: int, seconds: float) -> None:
         """One pure decode step of ``tokens`` over ``batch`` requests took ``seconds``."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["best_rate", "dcut", "scores"]
+__all__ = ["best_rate", "dcut", "scores", "tabled"]
 
 Cost = Callable[..., object]
 
@@ -163,3 +163,13 @@ def best_rate(confidences, cost: Cost, draft_time: float = 0.0) -> float:
     if c.shape[0] == 0:
         return 0.0
     return _best(_rank(torch.cumprod(c, dim=1).cpu())[1], cost, c.shape[0], dt)[1]
+
+
+def tabled(cost: Cost, batch: int, most: int) -> Cost:
+    """``cost`` read once at ``batch`` for every total up to ``most`` drafted tokens: a cost that
+    indexes those seconds (for pricing several drafts of one batch against one cost)."""
+    seconds = _costs(cost, int(batch), torch.arange(int(most) + 1))
+
+    def read(b, tokens):
+        return seconds[torch.as_tensor(tokens) - b]
+    return read
