@@ -43,6 +43,11 @@ def merge(rows: list, cal: torch.Tensor, lookup: Drafts, theirs: torch.Tensor):
     return rows, conf, full, use
 
 
+def _nothing(batch: int, shares_cache: bool) -> Plan:
+    """Draft nothing: no drafter forward on a shared cache, else the first forward alone."""
+    return Plan(None if shares_cache else 0, (False,) * batch)
+
+
 @dataclass(frozen=True)
 class Plan:
     """A proposal's decision, taken before drafting: ``depth`` drafting steps (None: no drafter
@@ -96,13 +101,14 @@ class Controller:
                   if d <= gamma and (depths is None or d in depths)]
         if not batch or not gamma or not depths:
             self.counts["skipped"] += bool(batch and gamma)
-            return self._skip(batch)
+            return _nothing(batch, self.costs.shares_cache)
         if not self.policy.prices_steps:
             return Plan(depths[-1], (False,) * batch)
         tables: dict = {}  # each cost read once for this batch, whatever the depth
         rates = [self._rate(batch, d, lookup, tables) for d in depths]
         if any(r is None for r in rates):  # not priced yet: draft as deep as asked, and be timed
-            return Plan(depths[-1], self._use_all(batch, lookup))
+            return Plan(depths[-1], (False,) * batch if lookup is None else
+                        tuple(c > 0 for c in lookup.counts))
         best = max(range(len(depths)), key=lambda i: rates[i][0])  # first of equal: shallowest
         return self._scheduled(batch, depths[-1], Plan(depths[best], rates[best][1]), lookup)
 
@@ -121,12 +127,8 @@ class Controller:
         if lookup is None:
             return best_rate(own, cost, draft_s), (False,) * batch
         theirs = self.prices["lookup"].confidences(lookup.counts, lookup.match, self.gamma_max)
-        use = torch.cumprod(theirs, 1).sum(1) > torch.cumprod(own, 1).sum(1)
-        width = max(own.shape[1], theirs.shape[1])
-        conf = torch.zeros(batch, width, dtype=torch.float64)
-        conf[:, :own.shape[1]] = own
-        conf[use] = theirs[use]
-        return best_rate(conf, cost, draft_s), tuple(use.tolist())
+        _, conf, _, use = merge([[]] * batch, own, lookup, theirs)
+        return best_rate(conf, cost, draft_s), tuple(use)
 
     def _scheduled(self, batch: int, deepest: int, plan: Plan, lookup=None) -> Plan:
         """The plan, or a probe the schedule makes of it."""
@@ -149,20 +151,18 @@ class Controller:
         if not skip and loss is not None and self.costs.plain_probes and \
                 self.schedule.plain_probe(k):
             self.counts["plain_probes"] += 1  # a plain step's cost, for the cost model to see
-            skipped = self._skip(batch)
+            skipped = _nothing(batch, self.costs.shares_cache)
             return Plan(skipped.depth, skipped.lookup, "plain")
         if plan.drafts_nothing:
             self.counts["skipped"] += 1
-            return self._skip(batch)
+            return _nothing(batch, self.costs.shares_cache)
         if plan.depth:
             return plan
         self.counts["lookup_only"] += 1  # the drafter drafts nothing: no forward on a shared cache
         return Plan(None if self.costs.shares_cache else 0, plan.lookup)
 
     def _lookup_probe(self, k: int, plan: Plan, lookup: Drafts) -> Plan:
-        """An engine that runs one source a round passed the lookup drafts over: now and then
-        they run anyway, so that their round's cost stays observed (their acceptance is priced
-        from every round's emitted tokens)."""
+        """Lookup drafts passed over run anyway now and then, so that their round stays timed."""
         record = float(self.prices["lookup"].row(max(lookup.match))[0])
         fresh = "lookup" in self._fresh  # its record just started over: its first match probes
         self._fresh.discard("lookup")
@@ -171,13 +171,6 @@ class Controller:
             return plan
         self.counts["lookup_probes"] += 1
         return Plan(0, tuple(c > 0 for c in lookup.counts), "probe")
-
-    def _skip(self, batch: int) -> Plan:
-        return Plan(None if self.costs.shares_cache else 0, (False,) * batch)
-
-    @staticmethod
-    def _use_all(batch: int, lookup: Drafts | None) -> tuple:
-        return (False,) * batch if lookup is None else tuple(c > 0 for c in lookup.counts)
 
     # ---- after drafting --------------------------------------------------------------------
     def cut(self, plan: Plan, req_ids, draft=None, conf=None, *, lookup: Drafts | None = None,
@@ -210,8 +203,7 @@ class Controller:
         return kept
 
     def _offer(self, req_ids, ids, raw, lookup, use, kept) -> None:
-        scores = torch.cumprod(raw, dim=1).tolist()
-        self._offered = {}
+        scores, self._offered = torch.cumprod(raw, dim=1).tolist(), {}
         for i, rid in enumerate(req_ids):
             if ids[i]:
                 self.offer(rid, "self", ids[i], 0 if use[i] else len(kept[i]), scores=scores[i])
@@ -230,14 +222,12 @@ class Controller:
         its own): where the next plan with such a draft passes it over, it runs as a probe; the
         other records, the costs and the calibration stay."""
         self._fresh |= set(sources)
-        for k in sources:
-            r = self.prices[k]
+        for k, r in [(k, self.prices[k]) for k in sources]:
             self.prices[k] = PriceRecord(r.gamma, r.rows, r.prior)
         self._offered.clear()
 
     def observe(self, req_ids, emitted: list[list[int]]) -> None:
-        """What the target emitted this step per request (its accepted drafts and one more):
-        every draft offered last step is priced against it."""
+        """Every draft offered last step priced against what its request emitted this step."""
         for rid, out in zip(req_ids, emitted, strict=False):
             for source, match, ids, scores, sent in self._offered.pop(rid, ()):
                 if not out:
