@@ -381,16 +381,9 @@ def step(scheduler_output) -> Step:
                 tuple(r.req_id for r in so.scheduled_new_reqs), tuple(so.finished_req_ids))
 
 
-def emitted(sampled) -> list[int]:
-    """Tokens each request emitted this step, from the runner's ``sampled_token_ids`` (a [B, 1 +
-    K] tensor with -1 where rejected, or lists)."""
-    if isinstance(sampled, torch.Tensor):
-        return (sampled >= 0).sum(dim=1).tolist() if sampled.dim() == 2 else []
-    return [len(x) for x in sampled or ()]
-
-
 def emitted_ids(sampled) -> list[list[int]]:
-    """The tokens each request emitted this step (of ``sampled_token_ids``, as :func:`emitted`)."""
+    """The tokens each request emitted this step, from the runner's ``sampled_token_ids`` (a [B,
+    1 + K] tensor with -1 where rejected, or lists)."""
     if isinstance(sampled, torch.Tensor):
         if sampled.dim() != 2:
             return []

@@ -127,7 +127,7 @@ class Proposer:
         the lookup drafts alone (the rows catch up at the next drafted proposal)."""
         c = self.controller
         if c is None:
-            return self._run(batch, emitted, lambda: run(gamma))
+            return self._run(batch, emitted(), lambda: run(gamma))
         t0 = time.perf_counter()
         ids = emitted()
         c.observe(batch.req_ids, ids)
@@ -148,8 +148,7 @@ class Proposer:
     def _run(self, batch, emitted, run):
         if self.trimmer is None:
             return run()
-        self.trimmer.begin(batch, [len(x) for x in (emitted() if callable(emitted)
-                                                    else emitted)])
+        self.trimmer.begin(batch, [len(x) for x in emitted])
         try:
             return run()
         finally:

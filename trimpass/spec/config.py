@@ -64,9 +64,6 @@ class LookupConfig:
             raise ValueError(f"lookup min_match: at most ngram ({self.ngram}), got "
                              f"{self.min_match}")
 
-    def capped(self, match: int) -> int:
-        return min(match, self.match_cap)
-
     @classmethod
     def of(cls, value, default_tokens: int | None = LOOKUP_TOKENS) -> LookupConfig | None:
         """``True`` (the defaults, ``default_tokens`` tokens), ``False``/``None`` (off), an int
