@@ -193,6 +193,11 @@ class TrimConfig:
                                 f"{self.inner!r}")
         if self.mode is not None and self.options:
             raise TrimpassError("mode and options: give one of them, as with torch.compile")
+        if self.mode is not None:
+            from torch._inductor import list_mode_options
+            if self.mode not in list_mode_options():
+                raise TrimpassError(f"mode: one inductor knows ({', '.join(list_mode_options())})"
+                                    f" or None, got {self.mode!r}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int)
                                             or self.vocab_size <= 0):
             raise TrimpassError(f"vocab_size: must be a positive int, got {self.vocab_size!r}")

@@ -11,18 +11,20 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers.cache_utils import Cache
 
 from trimpass.hf import buckets, upcast
+from trimpass.hf.buckets import LoopCache
 from trimpass.hf.full_head import FullHead
 from trimpass.hf.step import Step
+
+KEEP = 3  # capacity classes whose caches stay allocated
 
 
 class Body:
     """``model``'s compiled step (through ``backend`` with its trimmed head when ``speculate``,
     else head-less through ``plain``, the inner compiler alone), its full head and its cache."""
 
-    def __init__(self, model, speculate: bool, backend, plain):
+    def __init__(self, model, speculate: bool, backend, plain, slack: int = 0):
         self.model, self.speculate, self.backend = model, speculate, backend
         self.step = Step(model, head=speculate).eval()
         # several rows' linears upcast where this CPU multiplies half precision slowly
@@ -32,6 +34,8 @@ class Body:
         self.head = FullHead(model)
         self.device = self.head.weight.device
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
+        self.caches: dict[int, LoopCache] = {}  # capacity class -> its cache, oldest first
+        self.slack = slack  # rows past a cache's capacity that a padded pass may write
         self.hooks: list = []  # objects with on_request / on_rollback / on_pass, any of them
 
     def tell(self, event: str, *args) -> None:
@@ -47,38 +51,47 @@ class Body:
         finally:
             self.hooks = kept
 
-    def fresh_cache(self, prompt: int, new: int) -> Cache:
-        """An empty cache for a prompt of ``prompt`` tokens and ``new`` more (a new size is a new
-        cache, not a new graph: the length dimension is dynamic in both graphs)."""
-        capacity = buckets.capacity_for(prompt + new, self.context)
-        if capacity != self.capacity:
-            self.cache, self.capacity = None, 0  # the old cache's memory first
-            self.cache, self.capacity = buckets.new_cache(self.model, capacity), capacity
+    def fresh_cache(self, prompt: int, new: int) -> LoopCache:
+        """The cache for a prompt of ``prompt`` tokens and ``new`` more, at position 0: its
+        capacity class's (:func:`~trimpass.hf.buckets.capacity_for`), kept for the next request of
+        that class (the last ``KEEP`` classes), so a new prompt never means a new cache's
+        addresses in a recorded graph."""
+        capacity = buckets.capacity_for(prompt + new, self.context, self.device)
+        if capacity not in self.caches:
+            while len(self.caches) >= KEEP:  # the oldest class's memory first
+                self.caches.pop(next(iter(self.caches)))
+            self.caches[capacity] = LoopCache(self.model, capacity, self.slack)
+        self.caches[capacity] = self.caches.pop(capacity)  # the most recent last
+        self.cache, self.capacity = self.caches[capacity], capacity
         self.rollback(0)
         return self.cache
 
     def rollback(self, length: int) -> None:
+        """Set the position from the host (a prompt's chunk, a diagnostic replay): a round's
+        rollback is the accept graph's, on the device."""
         self.tell("on_rollback", length)
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(length)
+        self.cache.seek(length)
 
-    def run(self, ids: torch.Tensor, at: int):
-        """One body pass over ``ids[1, n]`` from position ``at``: every row's hidden state, the last
-        row's, and its trimmed logits. One token runs the one-token step's graph; more run one
-        graph whose row count is dynamic (a prompt's chunk, a verification: any length)."""
-        # a slice of a longer prompt keeps that prompt's row stride, and Dynamo guards on strides
-        ids = torch.empty_like(ids, memory_format=torch.contiguous_format).copy_(ids)
-        self.tell("on_pass", at, ids)
-        positions = torch.arange(at, at + ids.shape[1], device=ids.device).unsqueeze(0)
+    def here(self, ids: torch.Tensor):
+        """One body pass over ``ids[1, n]`` (a device tensor) at the cache's position, which it
+        leaves where it was: every row's hidden state, the last row's, and its trimmed logits. One
+        token runs the one-token step's graph; more run one graph whose row count is dynamic (a
+        prompt's chunk, a lookup verification)."""
         if ids.shape[1] > 1:
             torch._dynamo.maybe_mark_dynamic(ids, 1)
-            torch._dynamo.maybe_mark_dynamic(positions, 1)
-        row = torch.tensor([ids.shape[1] - 1], device=ids.device)
-        out = self.step(ids, positions, row, self.cache)
+        out = self.step(ids, self.cache)
         state = self.backend.state_for(self.step) if self.speculate else None
         if state is not None:
             state.upkeep()  # a replayed step runs none of the state's Python
         return out
+
+    def run(self, ids: torch.Tensor, at: int):
+        """:meth:`here` from position ``at`` (set from the host)."""
+        # a slice of a longer prompt keeps that prompt's row stride, and Dynamo guards on strides
+        ids = torch.empty_like(ids, memory_format=torch.contiguous_format).copy_(ids)
+        self.cache.seek(at)
+        self.tell("on_pass", at, ids)
+        return self.here(ids.to(self.device))
 
     def token(self, token: int, at: int):
         """(h, trimmed logits) of one one-token pass over ``token`` at ``at``."""
@@ -90,7 +103,7 @@ class Body:
 
     def prefill(self, ids: torch.Tensor):
         """The prompt in passes of up to ``buckets.CHUNK`` tokens; returns the last row's (h,
-        logits)."""
+        logits), the cache's position at the prompt's end."""
         for start in range(0, ids.shape[1], buckets.CHUNK):
             h, z = self.run(ids[:, start:start + buckets.CHUNK], start)[1:]
         self.rollback(ids.shape[1])

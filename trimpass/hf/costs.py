@@ -1,15 +1,13 @@
 """What a round of the fused loop (:mod:`trimpass.hf.fused`) costs, as the speculation core's
 controller prices it (:meth:`RoundCosts.price`). A lookup round (depth 0) is one batched body pass
-over the proposal, ``verify_s`` whatever it keeps; a self-draft round of depth d runs about
-``min(d, steps)`` one-token body steps through the trimmed head (``step_s`` each; ``steps``: how far
-the loop's rounds drafted of late, since it stops below the confidence) and one full-head product
-over their hidden states (``head_s``). Every cost is first timed at the warm-up with the device
+over the proposal, ``verify_s`` whatever it keeps; a self-draft round of depth d runs d one-token
+body steps through the trimmed head (``step_s`` each) and one full-head product over their hidden
+states (``head_s``). Its depth is fixed before it runs (:meth:`RoundCosts.depth`): where the
+drafter's confidence stopped of late (``steps``, a running mean of the stop depths). Every cost is first timed at the warm-up with the device
 synchronised (:func:`trimpass.measure.best_ms`), then follows the loop's own rounds as running
 means. The loop's rounds cost the same at every batch (it serves one request), and no plain step is
 observed for a cost model, so the controller's plain probes stay off."""
 from __future__ import annotations
-
-import math
 
 DECAY = 0.9  # the running means' weight on their past
 
@@ -29,8 +27,17 @@ class RoundCosts:
 
     def self_round(self, steps: int, seconds: float) -> None:
         """A self-draft round of ``steps`` body steps took ``seconds`` in all."""
-        self.time("steps", steps)
         self.time("step_s", max(seconds - (self.head_s or 0.0), 0.0) / max(steps, 1))
+
+    def stopped(self, depth: int) -> None:
+        """A self-draft round's drafter confidence first dropped below the loop's at ``depth``
+        (its depth + 1 where it never did: it would have gone on)."""
+        self.time("steps", depth)
+
+    def depth(self, gamma: int, confidence: float) -> int:
+        """The next self-draft round's depth, fixed before it runs: where the recent rounds'
+        confidence stopped (``gamma`` with no confidence stop)."""
+        return gamma if not confidence else max(1, min(gamma, round(self.steps)))
 
     def price(self, batch: int, depth: int):
         """``(cost, drafting seconds)`` of a round of ``depth`` (0: a lookup round), or None
@@ -41,12 +48,12 @@ class RoundCosts:
             verify = max(self.verify_s, 1e-9)
             return (lambda b, t: verify), 0.0
         head = max(self.head_s, 1e-9)
-        return (lambda b, t: head), min(depth, self.steps) * self.step_s
+        return (lambda b, t: head), depth * self.step_s
 
     def reach(self, depth: int) -> int:
-        """The positions a self-draft round of ``depth`` drafts, about: it stops early below the
-        confidence."""
-        return min(depth, math.ceil(self.steps))
+        """The positions a self-draft round of ``depth`` verifies: all of them (its depth is fixed
+        before it runs)."""
+        return depth
 
     def verify_cost(self, batch: int):
         return None  # the loop verifies every drafted token: nothing to cut

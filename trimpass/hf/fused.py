@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from trimpass import measure
-from trimpass.base import softmax_max
 from trimpass.config import disabled
 from trimpass.hf.body import Body
 from trimpass.hf.costs import RoundCosts
+from trimpass.hf.rounds import METHODS, Buffers, Rounds
 from trimpass.hf.sampler import Sampler
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import compiled_graphs
-from trimpass.spec import verify
 from trimpass.spec.config import BudgetConfig, GenerateConfig, LookupConfig
 from trimpass.spec.control.controller import Controller
 from trimpass.spec.proposers.lookup import LookupProposer
@@ -84,136 +83,197 @@ class FusedStats(LoopStats):
             self.body_steps, self.trimmed_calls = self.body_steps + k, self.trimmed_calls + k
 
 
+def row_classes(tokens: int) -> tuple:
+    """The padded row counts of a lookup pass over a pending token and up to ``tokens`` drafted
+    ones: powers of two from 4 up to the first that holds them all (4, 8, 16 for 15 tokens)."""
+    sizes, s = [], 4
+    while not sizes or sizes[-1] < tokens + 1:
+        sizes.append(s)
+        s *= 2
+    return tuple(sizes)
+
+
 class FusedLoop:
     """The loop for one model and one :class:`GenerateConfig` (its sampling aside): its
-    :class:`~trimpass.hf.body.Body` (compiled step, full head, static cache), its controller
+    :class:`~trimpass.hf.body.Body` (compiled step, full head, its own static cache), its round
+    graphs (:class:`~trimpass.hf.rounds.Rounds`) over persistent device buffers, its controller
     (the speculation core's, this loop a batch of one) and counters (kept on the model;
-    ``model._trimpass_fused`` is the latest). ``proposer``: the class
-    of the lookup proposer each call builds (this loop a batch of one)."""
+    ``model._trimpass_fused`` is the latest). ``proposer``: the class of the lookup proposer
+    each call builds (this loop a batch of one). ``reads``: device-to-host reads so far."""
     proposer = LookupProposer
 
     def __init__(self, model, config: GenerateConfig, speculate: bool, backend, plain):
         """``backend`` compiles the drafting step (its trimmed head); ``plain`` (the inner
         compiler alone) the head-less step of plain decoding, used when ``speculate`` is False or
-        trimpass is disabled."""
+        trimpass is disabled, and the round graphs."""
         self.speculate = speculate and not disabled()
-        self.body = Body(model, self.speculate, backend, plain)
-        self.step, self.head = self.body.step, self.body.head
         self.gamma, self.confidence = config.gamma, float(config.confidence)
         self.lookup = config.lookup if self.speculate else None
         self.lookup_tokens = 0 if self.lookup is None else self.lookup.tokens
+        self.row_classes = row_classes(self.lookup_tokens) if self.lookup_tokens else ()
+        slack = self.row_classes[-1] if self.row_classes else 0
+        self.body = Body(model, self.speculate, backend, plain, slack=slack)
+        self.step, self.head = self.body.step, self.body.head
+        W = self.head.weight
+        self.buf = Buffers(max(self.gamma, slack), W.shape[1], W.shape[0], slack, W.dtype,
+                           W.device, self.confidence)
+        self.rounds = Rounds(model).eval()
+        self.graphs = {name: torch.compile(getattr(self.rounds, name), backend=plain,
+                                           fullgraph=True) for name in METHODS}
         self.stats = FusedStats(name="fused")
         self.costs = RoundCosts(self.gamma)
         deepest = max(self.gamma, self.lookup_tokens)
         self.controller = Controller(BudgetConfig(lookup=self.lookup or False).for_engine(deepest),
                                      deepest, self.costs)
-        self.warmed = False
+        self.warmed, self.reads = False, 0
 
     def warm_up(self) -> float:
-        """Compile every graph the loop runs (the one-token step and the pass over many rows: a
-        prompt's chunk, a verification) on a scratch request, and time the rounds' costs;
-        returns the seconds it took (0 if they were compiled already)."""
+        """Compile every graph a greedy call runs (the one-token step and the pass over many
+        rows; each round graph at one row and at several) on a scratch request, and time the
+        rounds' costs; returns the seconds it took (0 if they were compiled already)."""
         if self.warmed:
             return 0.0
         t0, graphs, body = time.perf_counter(), compiled_graphs(), self.body
         with torch.no_grad():
-            self.stats.head_upcast = self.head.calibrate()  # before the costs time a round
-            body.fresh_cache(2, WARM_ROWS)
-            body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))  # many rows
-            body.token(0, 2)  # the one-token step
+            self.rounds.upcast = self.stats.head_upcast = self.head.calibrate()
+            body.fresh_cache(2, max(self.gamma, 2) + 1)
+            self._first(body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))[0],
+                        None)
+            rounds = [lambda: self._plain(None)] if not self.speculate else \
+                [lambda k=k: self._self_round(0, k, 2, None) for k in sorted({1, self.gamma})]
+            rounds += [lambda: self._lookup_round(0, [0] * self.lookup_tokens, 1, 2, None)] \
+                * bool(self.lookup_tokens)
+            for run in rounds:
+                body.rollback(2)
+                run()
             if self.lookup_tokens:  # the rounds' first costs, each from the same cache length
-                H = body.rows_of([0] * WARM_ROWS, 2).clone()
-                for name, run in (("step_s", lambda: body.token(0, 2)),
-                                  ("verify_s", lambda: self.head(body.rows_of([0] * WARM_ROWS,
-                                                                             2))),
-                                  ("head_s", lambda: self.head(H[:self.gamma]))):
-                    ms = measure.best_ms(lambda r=run: (body.rollback(2), r()))
-                    self.costs.time(name, ms / 1e3)
+                one, deep, look = (measure.best_ms(lambda r=r: (body.rollback(2), r())) / 1e3
+                                   for r in (rounds[0], rounds[-2], rounds[-1]))
+                step = (deep - one) / (self.gamma - 1) if self.gamma > 1 else one / 2
+                self.costs.time("step_s", max(step, 1e-6))
+                self.costs.time("head_s", max(one - step, 1e-6))
+                self.costs.time("verify_s", look)
             body.reset_rows()  # the scratch request's ids leave nothing behind
-        self.warmed, s = True, self.stats
+        upcast, self.warmed = self.stats.head_upcast, True
+        self.stats = s = FusedStats(name="fused", head_upcast=upcast)  # scratch rounds uncounted
+        self.costs.steps = self.gamma / 2
         s.warm_up_s, s.graphs = time.perf_counter() - t0, compiled_graphs() - graphs
         s.body_upcast = body.rows.rewritten
         log.info("trimpass.generate: compiled %d graphs in %.1f s (first call on this model and "
                  "setting; none later)", s.graphs, s.warm_up_s)
         return s.warm_up_s
 
-    def _self_round(self, token: int, at: int, budget: int, sampler) -> list[int]:
-        """Draft from ``token`` at position ``at`` through the trimmed head (up to ``gamma``
-        steps, stopping below the confidence), verify with the full head, roll back."""
-        token = torch.tensor([token], device=self.body.device)
-        hs, drafted, qs = [], [], []
-        for j in range(min(self.gamma, budget)):
-            h, z = self.body.run(token.view(1, 1), at + j)[1:]
-            hs.append(h.clone())  # a CUDA-graph replay writes its outputs over the last ones
-            if sampler is None:
-                token, conf = z.argmax(-1), softmax_max(z) if self.confidence else 1.0
-            else:
-                qs.append(sampler.draft(z))
-                token, conf = torch.multinomial(qs[-1], 1)[:, 0], qs[-1].amax()
-            drafted.append(token)
-            if self.confidence and float(conf) < self.confidence:
+    def _read(self, t: torch.Tensor) -> list:
+        """A device-to-host read: one a round, one more at a near-tie."""
+        self.reads += 1
+        return t.tolist()
+
+    @staticmethod
+    def _flags(sampler) -> dict:
+        return dict(sampled=sampler is not None, top_k=sampler is not None and sampler.top_k,
+                    top_p=sampler is not None and sampler.top_p)
+
+    def _accept(self, H, D, m, drafts: int, drafted: bool, sampler, at: int):
+        """Verify ``H`` [R, d] against ``D`` [R] (its first ``drafts`` rows drafted tokens) on the
+        device, read the packed result once, recheck near-ties alone; (emitted ids, kept n, the
+        drafter's stop depth, the drafted ids)."""
+        b, R = self.buf, H.shape[0]
+        C, Q = b.C[:R], b.Q[:R]
+        for t in (H, D, C, Q) if R > 1 else ():
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        packed = self.graphs["accept"](H, D, C, Q, m, b.tok, self.body.cache.pos, b.j, b.warp,
+                                       b.confidence, drafted, **self._flags(sampler))
+        v = self._read(packed)
+        n, stop, ties, ids, d = v[0], v[1], v[2:2 + R], v[2 + R:2 + 2 * R], v[2 + 2 * R:]
+        if any(ties[:n + 1]) and sampler is None:
+            n = self._recheck(H, ids, d[:drafts], ties, at)
+        return d[:n] + ([ids[n]] if n < R else []), n, stop, d[:drafts]
+
+    def _recheck(self, H, ids: list, d: list, ties: list, at: int) -> int:
+        """Each near-tie row up to the first disagreement computed again alone, as plain decoding
+        computes it (a rare second read); the pending token and position set to match."""
+        for j in (j for j, t in enumerate(ties) if t):
+            if j > agreed(ids, d):
                 break
-        H, d = torch.cat(hs), torch.cat(drafted)
-        if sampler is None:
-            new, n, again = verify.greedy_round(self.head, H, d)
-            self.stats.rechecks += again
-        else:
-            new, n = verify.sampled_round(sampler.target(self.head(H)), torch.cat(qs), d)
-        self.stats.counted(len(hs), n, lookup_round=False)
-        self.body.rollback(at + len(new))
-        self.controller.offer(0, "self", d.tolist(), len(hs))
+            scratch = (self.buf.tok.clone(), self.body.cache.pos.clone())
+            ids[j] = self._read(self.graphs["token"](H[j:j + 1].clone(), *scratch, self.buf.warp,
+                                                     advance=False, **self._flags(None)))[0]
+            self.stats.rechecks += 1
+        n = agreed(ids, d)
+        new = d[:n] + ([ids[n]] if n < len(ids) else [])
+        self.buf.tok.fill_(new[-1])
+        self.body.cache.seek(at + len(new))
+        return n
+
+    def _self_round(self, token: int, k: int, at: int, sampler) -> list[int]:
+        """``k`` drafting steps from the pending ``token`` at position ``at`` through the trimmed
+        head, each followed by the keep graph, then the accept graph over their rows."""
+        b, pos = self.buf, self.body.cache.pos
+        for _ in range(k):
+            h, z = self.body.here(b.tok)[1:]
+            self.graphs["keep"](h, z, b.H, b.D, b.C, b.Q, b.j, b.tok, pos, b.warp,
+                                sampler is not None)
+        new, n, stop, d = self._accept(b.H[:k], b.D[:k], k, k, True, sampler, at)
+        for j, t in enumerate([token] + d[:k - 1] if self.body.hooks else []):
+            self.body.tell("on_pass", at + j, torch.tensor([[t]]))  # diagnostics, once read
+        self.stats.counted(k, n, lookup_round=False)
+        self.costs.stopped(stop)
+        self.controller.offer(0, "self", d, k)
         return new
 
     def _lookup_round(self, token: int, proposal: list[int], match: int, at: int,
                       sampler) -> list[int]:
-        """Verify a lookup ``proposal`` after the pending ``token`` at ``at`` in one batched body
-        pass: its longest agreeing prefix and the full head's own next token (greedy), or each
-        drafted token with the target's probability (a point-mass draft, sampling)."""
-        H = self.body.rows_of([token, *proposal], at)
-        d = torch.tensor(proposal, device=H.device)
-        if sampler is None:
-            new, n, again = verify.greedy_round(self.head, H, d)
-            self.stats.rechecks += again
-        else:
-            p = sampler.target(self.head(H))
-            new, n = verify.sampled_round(p, verify.point_mass(d, p.shape[1], p.dtype), d)
-        self.stats.counted(len(proposal), n, lookup_round=True)
-        self.controller.offer(0, "lookup", proposal, len(proposal), match=match)
-        self.body.rollback(at + len(new))
-        return new
+        """Verify a lookup ``proposal`` after the pending ``token`` at ``at`` in one body pass
+        padded to a row class: its longest agreeing prefix and the target's own next token."""
+        b, m = self.buf, len(proposal)
+        S = next(s for s in self.row_classes if s >= m + 1)
+        rows = torch.tensor([m, token, *proposal] + [0] * (S - m))
+        b.rows[:S + 2].copy_(rows, non_blocking=True)
+        self.body.tell("on_pass", at, rows[1:S + 1].view(1, S))
+        hs = self.body.here(b.rows[1:S + 1].view(1, S))[0]
+        new = self._accept(hs, b.rows[2:S + 2], b.rows[0], m, False, sampler, at)
+        self.stats.counted(m, new[1], lookup_round=True)
+        self.controller.offer(0, "lookup", proposal, m, match=match)
+        return new[0]
+
+    def _plain(self, sampler) -> list[int]:
+        """Plain decoding's step through the same compiled body: one token, one read."""
+        h = self.body.here(self.buf.tok)[1]
+        self.stats.body_steps += 1
+        return self._first(h, sampler, advance=True)
+
+    def _first(self, h, sampler, advance: bool = False) -> list[int]:
+        """The full head's own token from one hidden state (the prompt's last, plain
+        decoding's), made the pending one."""
+        self.stats.verifications += 1
+        b = self.buf
+        return self._read(self.graphs["token"](h, b.tok, self.body.cache.pos, b.warp,
+                                               advance=advance, **self._flags(sampler)))
 
     def _next(self, text: list[int], new: list[int], budget: int, sampler, proposer) -> list[int]:
         """One round after ``text`` (its last ``new`` tokens emitted last round), as the
         controller plans it: a lookup round (depth 0) where the lookup draft is priced to emit
-        more tokens per second than a trimmed self-draft, else the self-draft; each round is
-        timed for the costs, and every draft offered is priced against what the round emitted."""
+        more tokens per second than a trimmed self-draft of the depth the loop's recent stops
+        chose, else that self-draft; each round is timed for the costs, and every draft offered
+        is priced against what the round emitted."""
         t0, token, at = time.perf_counter(), text[-1], len(text) - 1
         if not self.speculate:
-            self.stats.body_steps += 1
-            return [self._first(self.body.token(token, at)[0], sampler)]
+            return self._plain(sampler)
         drafts = proposer.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
                                   budget - 1) if proposer is not None and budget > 1 else None
         look = drafts if drafts is not None and drafts.counts[0] else None
-        plan = self.controller.plan(1, self.gamma, look,
-                                    depths=(self.gamma,) if look is None else (0, self.gamma))
+        k = min(self.costs.depth(self.gamma, self.confidence), budget)
+        plan = self.controller.plan(1, self.gamma, look, depths=(k,) if look is None else (0, k))
         if look is not None and not plan.depth:
             out = self._lookup_round(token, look.row(0), look.match[0], at, sampler)
             self.costs.time("verify_s", time.perf_counter() - t0)
         else:
-            steps = self.stats.body_steps
-            out = self._self_round(token, at, budget, sampler)
-            self.costs.self_round(self.stats.body_steps - steps, time.perf_counter() - t0)
+            out = self._self_round(token, k, at, sampler)
+            self.costs.self_round(k, time.perf_counter() - t0)
             if look is not None:
                 self.controller.offer(0, "lookup", look.row(0), 0, match=look.match[0])
         self.controller.observe([0], [out])
         return out
-
-    def _first(self, h, sampler) -> int:
-        """The full head's own token from one hidden state (the prefill's, plain decoding's)."""
-        self.stats.verifications += 1
-        if sampler is None:
-            return int(verify.greedy(self.head, h)[0][0])
-        return int(torch.multinomial(sampler.target(self.head(h)), 1)[0, 0])
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens, sampler: Sampler | None, eos: set[int],
@@ -223,13 +283,16 @@ class FusedLoop:
         P = input_ids.shape[1]
         self.body.tell("on_request", P, max_new_tokens)
         self.body.fresh_cache(P, max_new_tokens)
-        h = self.body.prefill(input_ids.to(self.body.device))[0]
-        text = input_ids[0].tolist() + [self._first(h, sampler)]
+        if sampler is not None:
+            self.buf.warp.copy_(sampler.values(self.head.weight.shape[0]))
+        text = input_ids[0].tolist()
+        text += self._first(self.body.prefill(input_ids.to(self.body.device))[0], sampler)
         proposer = self.proposer(self.lookup, outputs) if self.lookup_tokens else None
         self.controller.forget("lookup")  # the text's repeats are its own; the model's stay
         new = text[P:]
         while len(text) - P < max_new_tokens and text[-1] not in eos:
             new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposer)
+            self.body.tell("on_rollback", len(text) + len(new) - 1)
             text += new
         out = through_eos(text[P:], eos)
         self.stats.emitted += len(out)
@@ -237,6 +300,12 @@ class FusedLoop:
             outputs.add(out)
         tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, tail], dim=1)
+
+
+def agreed(ids: list[int], drafted: list[int]) -> int:
+    """How many leading ``drafted`` ids equal the target's ``ids`` (host lists)."""
+    return next((i for i, (a, b) in enumerate(zip(ids, drafted)) if a != b),
+                min(len(ids), len(drafted)))
 
 
 def through_eos(ids: list[int], eos: set[int]) -> list[int]:

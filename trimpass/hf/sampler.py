@@ -19,6 +19,8 @@ class Sampler:
             TopPLogitsWarper,
         )
         self.t = float(temperature)
+        self.k, self.p = top_k, top_p
+        self.top_k, self.top_p = top_k is not None, top_p is not None and top_p < 1
         warpers = [TemperatureLogitsWarper(self.t)] if self.t != 1.0 else []
         warpers += [TopKLogitsWarper(top_k)] if top_k is not None else []
         warpers += [TopPLogitsWarper(top_p)] if top_p is not None and top_p < 1 else []
@@ -36,3 +38,9 @@ class Sampler:
 
     def draft(self, z: torch.Tensor) -> torch.Tensor:
         return torch.softmax(z.float() / self.t, dim=-1)
+
+    def values(self, vocab: int) -> torch.Tensor:
+        """(temperature, top-k, top-p) as the loop's round graphs read them (:func:`trimpass.hf.
+        rounds.warped`): a warper that is off takes a value that changes nothing."""
+        return torch.tensor([self.t, vocab if self.k is None else min(self.k, vocab),
+                             self.p if self.top_p else 1.0])

@@ -1,7 +1,9 @@
-"""One pass of a Hugging Face causal LM's body over new ids, compiled: the fused loop's step. It
-returns every row's hidden state, that of one row (a one-element tensor: the last real row of a
-padded chunk, a graph input, not a constant) and, with a head, that row's logits (the graph
-trimpass trims), softcapped where the config says so."""
+"""One pass of a Hugging Face causal LM's body over new ids at its cache's position, compiled: the
+fused loop's step. The positions are read from the cache's position tensor on the device
+(:class:`~trimpass.hf.buckets.LoopCache`), never passed from the host; a position past the
+model's last (a padding row's) is clamped for the position embeddings alone. It returns every row's
+hidden state, the last row's and, with a head, that row's logits (the graph trimpass trims),
+softcapped where the config says so."""
 from __future__ import annotations
 
 import types
@@ -9,7 +11,7 @@ import types
 import torch
 
 from trimpass.base import softcap
-from trimpass.hf import decode_attention
+from trimpass.hf import buckets, decode_attention
 
 
 class Step(torch.nn.Module):
@@ -23,15 +25,19 @@ class Step(torch.nn.Module):
                                             decode_attention.configs(model.config, config))
         self.head = model.get_output_embeddings() if head else None
         self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
+        context = buckets.context_of(model)
+        self.last = (context - 1) if context is not None else (1 << 62)
         # Dynamo keeps at most recompile_limit (8) graphs per code object, and each step
         # instance compiles its own (prefill, decode): a code object per step, not per class
         code = Step.step.__code__.replace()
         self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
 
-    def step(self, ids, position_ids, row, cache):
-        hs = self.body(input_ids=ids, position_ids=position_ids, past_key_values=cache,
+    def step(self, ids, cache):
+        n = ids.shape[1]
+        positions = (cache.pos + torch.arange(n, device=ids.device)).clamp(max=self.last)
+        hs = self.body(input_ids=ids, position_ids=positions.unsqueeze(0), past_key_values=cache,
                        use_cache=True).last_hidden_state[0]
-        h = hs.index_select(0, row)
+        h = hs[n - 1:]
         if self.head is None:
             return hs, h, None
         return hs, h, softcap(self.head(h), self.cap)

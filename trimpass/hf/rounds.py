@@ -1,0 +1,162 @@
+"""The fused loop's rounds on the device: what follows each drafting step, the verification with
+acceptance, rollback and sampling, and plain decoding's token, each one compiled graph over the
+loop's persistent buffers (:class:`Buffers`), so that a round is graphs plus one packed read.
+
+* :meth:`Rounds.keep` follows a drafting step (its hidden state and trimmed logits): the drafted
+  token (the argmax, or a draw from the trimmed softmax by the exponential race, no
+  ``multinomial``), its confidence and, sampling, its distribution, written at row ``j`` of the
+  round's buffers; the pending token becomes the drafted one; ``pos`` and ``j`` advance by one.
+* :meth:`Rounds.accept` verifies ``R`` rows with the full head: rows ``j < m`` verify ``D[j]``, a
+  row past them predicts the token after. Greedy: each row's argmax, kept while it equals its draft;
+  a row whose top two logits lie closer than :func:`~trimpass.spec.verify.tolerance` is flagged
+  for the host's recheck. Sampled: speculative sampling (:func:`~trimpass.spec.verify.kept`),
+  the fix drawn from ``(p - q)+`` by the exponential race. It sets the pending token, moves ``pos``
+  to the end of what it kept (a rollback) and returns one packed int64 tensor: the kept count,
+  then per row the near-tie flag, the target's token, the drafted token, and the depth where the
+  drafter's confidence first dropped below ``confidence``.
+* :meth:`Rounds.token` is plain decoding's (and the prefill's) token from one hidden state.
+
+The target's distribution is Hugging Face's (temperature, top-k, top-p in that order, as its
+logits warpers compute them) with the values in a tensor (:func:`warped`), so one graph serves
+every sampling setting of a kind. Every method runs under ``fullgraph=True``; the loop compiles
+them (:class:`trimpass.hf.fused.FusedLoop`).
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+from trimpass.base import softcap
+from trimpass.hf import upcast
+from trimpass.spec.verify import kept, tolerance
+
+METHODS = ("keep", "accept", "token")
+
+
+def race(p: torch.Tensor) -> torch.Tensor:
+    """A draw from each row of ``p`` [R, V] (not necessarily normalized) without a host sync:
+    the argmax of ``p / E`` for ``E ~ Exp(1)``, as gpt-fast samples."""
+    return (p / torch.empty_like(p).exponential_(1)).argmax(-1)
+
+
+def warped(z: torch.Tensor, warp: torch.Tensor, top_k: bool, top_p: bool) -> torch.Tensor:
+    """Hugging Face's temperature, top-k and top-p warpers over logits ``z`` [R, V] in fp32, with
+    ``warp`` = (temperature, k, p) a tensor; ``top_k``/``top_p``: whether each applies."""
+    z = z.float() / warp[0]
+    if top_k:
+        k = warp[1].long().clamp(1, z.shape[-1]) - 1
+        kth = z.sort(-1, descending=True).values.gather(-1, k.expand(z.shape[0], 1))
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p:
+        ascending, order = z.sort(-1)
+        drop = ascending.softmax(-1).cumsum(-1) <= 1 - warp[2]
+        drop[..., -1:] = False
+        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return z
+
+
+class Buffers:
+    """The loop's persistent device buffers (static addresses): the pending token ``tok``; per
+    round of up to ``depth`` rows the hidden states ``H``, drafted ids ``D``, confidences ``C``,
+    the drafter's distributions ``Q`` (sampling) and the row cursor ``j``; ``rows`` for a padded
+    lookup pass (its draft count, then its ids); ``warp`` (temperature, top-k, top-p) and
+    ``confidence``."""
+
+    def __init__(self, depth: int, width: int, vocab: int, rows: int, dtype, device,
+                 confidence: float):
+        def static(t):
+            torch._dynamo.mark_static_address(t, guard=False)
+            return t
+        long = dict(dtype=torch.long, device=device)
+        self.tok, self.j = static(torch.zeros(1, 1, **long)), static(torch.zeros((), **long))
+        self.H = static(torch.zeros(depth, width, dtype=dtype, device=device))
+        self.D = static(torch.zeros(depth, **long))
+        self.C = static(torch.zeros(depth, device=device))
+        self.Q = static(torch.zeros(depth, vocab, device=device))
+        self.rows = static(torch.zeros(rows + 2, **long))
+        self.warp = static(torch.tensor([1.0, vocab, 1.0], device=device))
+        self.confidence = static(torch.tensor(float(confidence), device=device))
+
+
+class Rounds(torch.nn.Module):
+    """``model``'s full head (and its final logit softcap) with the round's graphs; ``upcast``:
+    several rows' head products in fp32 (:mod:`trimpass.hf.upcast`)."""
+
+    def __init__(self, model):
+        super().__init__()
+        head = model.get_output_embeddings()
+        self.head = head
+        self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
+        self.upcast = False
+        for name in METHODS:  # a code object per instance: Dynamo's recompile limit is per code
+            fn = getattr(Rounds, name)
+            code = types.FunctionType(fn.__code__.replace(), globals(), name, fn.__defaults__)
+            setattr(self, name, types.MethodType(code, self))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        W, b = self.head.weight, getattr(self.head, "bias", None)
+        if self.upcast and h.shape[0] > 1:
+            return softcap(torch.ops.trimpass.upcast_linear(h, W, b), self.cap)
+        return softcap(F.linear(h, W, b), self.cap)
+
+    def keep(self, h, z, buf_H, buf_D, buf_C, buf_Q, j, tok, pos, warp, sampled: bool):
+        if sampled:
+            q = torch.softmax(z.float() / warp[0], dim=-1)
+            t, conf = race(q), q.amax(-1)
+            buf_Q.index_copy_(0, j.view(1), q)
+        else:
+            t, conf = z.argmax(-1), torch.softmax(z, -1, dtype=torch.float32).amax(-1)
+        buf_H.index_copy_(0, j.view(1), h)
+        buf_D.index_copy_(0, j.view(1), t)
+        buf_C.index_copy_(0, j.view(1), conf)
+        tok.copy_(t.view(1, 1))
+        pos.add_(1)
+        j.add_(1)
+
+    def accept(self, H, D, C, Q, m, tok, pos, j, warp, confidence, drafted: bool,
+               sampled: bool, top_k: bool, top_p: bool):
+        """``drafted``: the rows came from drafting steps (``pos`` already past them, ``m = R``)
+        rather than one pass over a lookup proposal (``pos`` at its first row)."""
+        R = H.shape[0]
+        rows = torch.arange(R, device=H.device)
+        z = self.logits(H)
+        if sampled:
+            p = torch.softmax(warped(z, warp, top_k, top_p), dim=-1)
+            qx = Q.gather(1, D.view(R, 1))[:, 0] if drafted else torch.ones_like(C)
+            keep = kept(p.gather(1, D.view(R, 1))[:, 0], qx, torch.rand(R, device=H.device))
+            ties = torch.zeros(R, dtype=torch.long, device=H.device)
+        else:
+            top = z.topk(2, dim=-1)
+            ids = top.indices[:, 0]
+            gap = top.values[:, 0].float() - top.values[:, 1].float()
+            ties = (gap <= tolerance(top.values[:, 0], z.dtype)).long()
+            keep = ids == D
+        n = (keep & (rows < m)).long().cumprod(0).sum()
+        at = n.clamp(max=R - 1).view(1)  # a 1-element index: a 0-d one is read on the host
+        if sampled:
+            q_n = Q[at] if drafted else F.one_hot(D[at], p.shape[-1]).float() * (n < m)
+            residual = (p[at] - q_n).clamp(min=0)
+            ids = race(torch.where(residual.sum() > 0, residual, p[at])).expand(R)
+        tail = n < R
+        emitted = n + tail.long()
+        last = torch.where(tail, ids[at], D[R - 1:])
+        tok.copy_(last.view(1, 1))
+        pos.add_(emitted - R if drafted else emitted)
+        j.zero_()
+        low = (C < confidence) if drafted else torch.zeros_like(keep)
+        stop = torch.where(low.any(), low.long().argmax() + 1, R + 1)
+        return torch.cat([n.view(1), stop.view(1), ties, ids, D])
+
+    def token(self, h, tok, pos, warp, sampled: bool, top_k: bool, top_p: bool,
+              advance: bool):
+        """The full head's token from one hidden state ``h`` [1, d] (greedy or a draw from the
+        target's distribution), made the pending token; ``advance``: ``pos`` moves past the row
+        that ``h`` came from (plain decoding), else stays (the prompt's last row)."""
+        z = self.logits(h)
+        t = race(torch.softmax(warped(z, warp, top_k, top_p), -1)) if sampled else z.argmax(-1)
+        tok.copy_(t.view(1, 1))
+        if advance:
+            pos.add_(1)
+        return t
