@@ -3,7 +3,8 @@ real Gemma-3-270M, each installed version in its own Python (``--before``, ``--a
 whose ``trimpass`` is the commit to compare, e.g. a venv with that commit's wheel), run in turn,
 ``--rounds`` times interleaved (before, after, before, after, ...) so the machine's load drifts
 alike for both. Each run loads the model, warms every configuration up on a prompt it does not time,
-then decodes every prompt of ``bench/hybrid.py``'s sets (chat, copy, free) greedily with each
+then decodes every prompt of ``bench/hybrid.py``'s sets (chat, copy, free), or with ``--workload
+lengths`` ``bench/lengths.py``'s stream of prompts of distinct lengths, greedily with each
 configuration: ``trimpass.generate``'s default (lookup + trimmed self-drafts), ``lookup=False``
 (trimmed self-drafts alone) and the plain target (``model.generate``, the drift control). Prints,
 per configuration and round, tokens/s before and after and their ratio, graphs compiled while timed,
@@ -31,7 +32,10 @@ def _args(argv=None):
     ap.add_argument("--after", help="the Python whose trimpass is the commit after")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], required=True)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved before/after pairs")
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per set")
+    ap.add_argument("--workload", choices=["hybrid", "lengths"], default="hybrid",
+                    help="hybrid: bench/hybrid.py's sets; lengths: bench/lengths.py's stream of "
+                         "prompts of distinct lengths from 8 to 1,024 tokens")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts per set (lengths: in all)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=320)
     ap.add_argument("--out", default=None, help="write the markdown here too")
@@ -46,13 +50,19 @@ def worker(a) -> int:
 
     sys.path.insert(0, HERE)
     from hybrid import SETS, prompt_sets
+    from lengths import lengths, prompts
 
     import trimpass
     from trimpass.hf import gemma as G
     from trimpass.measure import compiled_graphs
     transformers.logging.set_verbosity_error()
     model = G.load_model({"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype])
-    sets = prompt_sets(G.GGUFTokenizer(), a.prompts, a.prompt_tokens)
+    tok = G.GGUFTokenizer()
+    if a.workload == "hybrid":
+        sets, names = prompt_sets(tok, a.prompts, a.prompt_tokens), SETS
+    else:  # the warm-up prompt's length is none of the stream's
+        stream = prompts(tok, lengths(a.prompts + 1, 8, 1024))
+        sets, names = {"warm": stream.pop(len(stream) // 2), "stream": stream}, ("stream",)
 
     def run(name, ids):
         kw = CONFIGS[name]
@@ -66,7 +76,7 @@ def worker(a) -> int:
             run(name, torch.tensor(sets["warm"]))
         for name in CONFIGS:
             out["rows"][name] = dict(seconds=0.0, tokens=0, graphs=0, outputs=[])
-        for s in SETS:
+        for s in names:
             for p in sets[s]:
                 ids = torch.tensor([p])
                 for name in CONFIGS:
@@ -83,6 +93,7 @@ def worker(a) -> int:
 
 def _one(python: str, a, path: str) -> dict:
     cmd = [python, os.path.abspath(__file__), "--dtype", a.dtype, "--prompts", str(a.prompts),
+           "--workload", a.workload,
            "--new-tokens", str(a.new_tokens), "--prompt-tokens", str(a.prompt_tokens),
            "--worker", path]
     subprocess.run(cmd, check=True, cwd="/")  # from outside any tree: the installed trimpass
@@ -112,7 +123,9 @@ def main(argv=None) -> int:
 
 def report(runs, a) -> str:
     by = {(k, side): r for k, side, r in runs}
-    lines = [f"dtype {a.dtype}; {a.prompts} prompts a set x 3 sets x {a.new_tokens} tokens; "
+    what = f"{a.prompts} prompts a set x 3 sets" if a.workload == "hybrid" else \
+        f"{a.prompts} prompts of distinct lengths (8 to 1,024 tokens)"
+    lines = [f"dtype {a.dtype}; {what} x {a.new_tokens} tokens; "
              f"before: {by[0, 'before']['trimpass']}; after: {by[0, 'after']['trimpass']}", "",
              "| round | configuration | before tok/s | after tok/s | after / before | graphs "
              "while timed (before, after) | outputs identical |", "|---|---|---|---|---|---|---|"]

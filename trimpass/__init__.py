@@ -218,12 +218,46 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     fused_checks.check_call(input_ids, attention_mask, max_new_tokens)
     settings = GenerateConfig.of(gamma, confidence, lookup, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p)
-    buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model))
+    buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model),
+                         input_ids.device)
     fused_checks.check_output_cache(output_cache, settings.lookup_tokens, model)
+    if not fused_checks.owned(model):
+        return _assisted(model, input_ids, max_new_tokens, settings, speculate, output_cache,
+                         config)
     loop = _fused_loop(model, settings, speculate, config)
     model._trimpass_fused = loop  # the one stats(model) reports
     return loop.generate(input_ids, max_new_tokens, Sampler.of(settings.sampling),
                          fused.eos_ids(model), output_cache)
+
+
+def _assisted(model, input_ids, max_new_tokens, settings, speculate, output_cache, config):
+    """A family the fused loop does not own yet (:data:`trimpass.hf.fused_checks.OWNED`):
+    Hugging Face's assisted generation with the model drafting for itself through its trimmed
+    head (:func:`self_drafter`), lossless as the loop is, with one warning that names it."""
+    import warnings
+
+    from trimpass.hf import fused_checks
+    kind = model.config.get_text_config(decoder=True).model_type
+    if output_cache is not None:
+        raise TrimpassError(f"output_cache: {kind} runs Hugging Face's assisted generation "
+                            "(the fused loop does not own it yet), which takes no lookup drafts; "
+                            "drop output_cache")
+    if not model.__dict__.get("_trimpass_warned"):
+        warnings.warn(f"trimpass.generate: the fused loop does not own {kind} models yet (it owns "
+                      f"{', '.join(sorted(set(fused_checks.OWNED.values())))}); decoding with "
+                      "Hugging Face's assisted generation and trimpass.self_drafter instead "
+                      "(lossless, no lookup drafts)", stacklevel=3)
+        model._trimpass_warned = True
+    if speculate and "_trimpass_assistant" not in model.__dict__:
+        model._trimpass_assistant = self_drafter(model, settings.gamma, settings.confidence,
+                                                 **config)
+    s = settings.sampling
+    with torch.no_grad():
+        return model.generate(input_ids, assistant_model=model._trimpass_assistant if speculate
+                              else None, max_new_tokens=max_new_tokens, do_sample=s.do_sample,
+                              temperature=s.temperature, top_k=s.top_k or 0,
+                              top_p=1.0 if s.top_p is None else s.top_p,
+                              pad_token_id=model.generation_config.pad_token_id or 0)
 
 
 def _fused_loop(model, settings, speculate, config):

@@ -1,7 +1,9 @@
-"""The fused loop's compiled steps as inductor's CUDA-graph trees would see them, read on CPU from
-AOT autograd's metadata: every parameter and every mutated cache buffer a static input (a mutated
-non-static input makes the tree skip the graph), and no more graphs than the one-token step and
-the pass over many rows."""
+"""The fused loop's compiled graphs as inductor's CUDA-graph trees would see them, read on CPU from
+AOT autograd's metadata: every parameter, every mutated cache buffer and every mutated round
+buffer a static input (a mutated non-static input makes the tree skip the graph), no 0-d input
+that is not a static buffer (a Python number made a tensor per call), no graph break (each graph
+compiles with ``fullgraph=True``), and a fixed set of graphs whatever the prompt: the body's
+one-token step and its pass over many rows, and the rounds' graphs (keep, accept, token)."""
 import pytest
 import torch
 
@@ -11,17 +13,43 @@ from tests.hf.test_selfdraft import MODELS
 from trimpass.testing.capture import CaptureCheck
 
 
+def _embeds(g) -> bool:
+    return any(n.target is torch.nn.functional.embedding for n in g.graph.graph.nodes)
+
+
+def _graph_breaks() -> int:
+    return sum(torch._dynamo.utils.counters["graph_break"].values())
+
+
 @pytest.mark.parametrize("name", ["gemma3", "llama"])
 @pytest.mark.parametrize("speculate", [True, False], ids=["fused", "plain"])
-def test_every_compiled_step_of_the_loop_is_capturable(name, speculate):
+def test_every_compiled_graph_of_the_loop_is_capturable(name, speculate):
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     cc = CaptureCheck()
-    for n in (7, 260):  # another cache size (a granule is 256): the length stays symbolic
-        trimpass.generate(model, torch.randint(0, V, (1, n)), 12, gamma=4, confidence=0.0,
-                          lookup=False, speculate=speculate, inner=cc, learn_core=64)
-    assert len(cc.graphs) == 2, [g.graph.meta.get("trimpass") for g in cc.graphs]
+    prompt = torch.randint(0, V, (1, 7))
+    for ids in (prompt, prompt.repeat(1, 40)):  # another cache size, and lookup rounds
+        for sample in (False, True):
+            trimpass.generate(model, ids, 24, gamma=4, do_sample=sample, speculate=speculate,
+                              inner=cc, learn_core=64)
+    graphs = len(cc.graphs)
     assert cc.problems() == []
-    for g in cc.graphs:
+    assert _graph_breaks() == 0
+    body = [g for g in cc.graphs if _embeds(g)]  # the body's steps
+    assert len(body) == 2, "the one-token step and the pass over many rows, no more"
+    for g in body:
         assert g.mutated and g.parameters, "the check saw no cache write or no weight"
+    rounds = [g for g in cc.graphs if g not in body]
+    assert rounds and all(g.mutated for g in rounds), "a round graph writes its buffers"
+    trimpass.generate(model, torch.randint(0, V, (1, 300)), 24, gamma=4, speculate=speculate,
+                      inner=cc, learn_core=64)
+    assert len(cc.graphs) == graphs, "a new prompt length compiled a graph"
+
+
+def test_the_check_flags_a_0d_input_built_per_call():
+    cc = CaptureCheck()
+    f = torch.compile(lambda x, n: x * n, backend=cc, fullgraph=True)
+    f(torch.randn(3), torch.tensor(2.0))
+    assert any("0-d inputs that are not static" in p for p in cc.problems())

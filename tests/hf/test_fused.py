@@ -71,7 +71,9 @@ def test_the_confidence_gate_cuts_rounds_short():
     trimpass.generate(model, ids, 24, gamma=6, confidence=0.999, learn_core=64, **FAST)
     gated = trimpass.stats(model)
     full, gated = full["sources"]["self"], gated["sources"]["self"]  # the trimmed head's rounds
-    assert full["drafted"] / full["rounds"] > 2 and gated["drafted"] == gated["rounds"]
+    # a round's depth is fixed before it runs, from the last rounds' stops: one row a round
+    # once the gate has stopped at the first draft (the first round knew no stop yet)
+    assert full["drafted"] / full["rounds"] > 2 and gated["drafted"] <= gated["rounds"] + 6
 
 
 def test_it_stops_at_eos_as_generate_does():
@@ -188,3 +190,23 @@ def test_sampling_emits_the_models_own_distribution():
     odd = torch.zeros(Vs, dtype=torch.float64)
     odd[active] = want[1][active]  # what a loop that never resampled outside the drafter's ids
     assert chi_square_p(torch.bincount(got[:, 1], minlength=Vs), odd) < 1e-6  # would emit
+
+
+def test_a_family_the_loop_does_not_own_runs_assisted_generation_with_one_warning():
+    from transformers import MistralConfig, MistralForCausalLM
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**SMALL)).eval()
+    ids = torch.randint(0, V, (1, 9))
+    with pytest.warns(UserWarning, match="does not own mistral models yet .*Gemma-3, GPT-2, "
+                                         "Llama, Qwen2.*assisted generation"):
+        got = trimpass.generate(model, ids, 12, **FAST)
+    with torch.no_grad():
+        want = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    assert torch.equal(got, want) and not hasattr(model, "_trimpass_fused")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        trimpass.generate(model, ids, 4, **FAST)
+    with pytest.raises(trimpass.TrimpassError, match="output_cache: mistral runs"):
+        trimpass.generate(model, ids, 4, output_cache=trimpass.OutputCache(), **FAST)

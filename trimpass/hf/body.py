@@ -1,11 +1,12 @@
 """The fused loop's body: a Hugging Face causal LM's body compiled as one step (its trimmed head
-included when it drafts), over the loop's own static KV cache. Every layer is a full-length static
-layer (a sliding-window layer's mask still applies the window), so rolling back is setting the
-cache's length; the prompt is prefilled in passes whose row count is dynamic, and the cache's
-length is dynamic in the compiled graphs, so the first call compiles both graphs the loop runs and
-no later prompt compiles another (:mod:`trimpass.hf.buckets`). ``hooks`` hear of each new request,
-rollback and pass (diagnostics: :mod:`trimpass.diagnostics.replay`); the body reads nothing
-back."""
+included when it drafts, ``fullgraph=True``), over the loop's own static KV cache
+(:class:`~trimpass.hf.buckets.LoopCache`): every layer full length, writing at one position tensor
+on the device that the loop's round graphs move, so a rollback is a device-side update; the cache
+of each capacity class is kept for the next request of its class. The prompt is prefilled in passes
+whose row count is dynamic, and the cache's length is dynamic in the compiled graphs, so the first
+call compiles both graphs the body runs and no later prompt compiles another
+(:mod:`trimpass.hf.buckets`). ``hooks`` hear of each new request, rollback and pass (diagnostics:
+:mod:`trimpass.diagnostics.replay`); the body reads nothing back."""
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,7 @@ class Body:
         # several rows' linears upcast where this CPU multiplies half precision slowly
         self.rows = upcast.RowsBackend(backend if speculate else plain,
                                        model.get_output_embeddings().weight.shape)
-        self.step.compile(backend=self.rows)
+        self.step.compile(backend=self.rows, fullgraph=True)
         self.head = FullHead(model)
         self.device = self.head.weight.device
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)

@@ -3,13 +3,16 @@ controller prices it (:meth:`RoundCosts.price`). A lookup round (depth 0) is one
 over the proposal, ``verify_s`` whatever it keeps; a self-draft round of depth d runs d one-token
 body steps through the trimmed head (``step_s`` each) and one full-head product over their hidden
 states (``head_s``). Its depth is fixed before it runs (:meth:`RoundCosts.depth`): where the
-drafter's confidence stopped of late (``steps``, a running mean of the stop depths). Every cost is first timed at the warm-up with the device
+drafter's confidence stopped in the last ``STOPS`` rounds (``steps``, their mean). Every cost is first timed at the warm-up with the device
 synchronised (:func:`trimpass.measure.best_ms`), then follows the loop's own rounds as running
 means. The loop's rounds cost the same at every batch (it serves one request), and no plain step is
 observed for a cost model, so the controller's plain probes stay off."""
 from __future__ import annotations
 
+from collections import deque
+
 DECAY = 0.9  # the running means' weight on their past
+STOPS = 4  # the recent self-draft rounds whose stop depths fix the next one's
 
 
 class RoundCosts:
@@ -19,7 +22,12 @@ class RoundCosts:
 
     def __init__(self, gamma: int):
         self.step_s = self.head_s = self.verify_s = None
-        self.steps = gamma / 2  # the depth a self-draft round reaches, before any round
+        self.gamma = gamma
+        self.restart()
+
+    def restart(self) -> None:
+        """No stop depth seen yet: half of ``gamma`` until one is."""
+        self.steps, self.stops = self.gamma / 2, deque(maxlen=STOPS)
 
     def time(self, name: str, seconds: float) -> None:
         old = getattr(self, name)
@@ -32,7 +40,8 @@ class RoundCosts:
     def stopped(self, depth: int) -> None:
         """A self-draft round's drafter confidence first dropped below the loop's at ``depth``
         (its depth + 1 where it never did: it would have gone on)."""
-        self.time("steps", depth)
+        self.stops.append(depth)
+        self.steps = sum(self.stops) / len(self.stops)
 
     def depth(self, gamma: int, confidence: float) -> int:
         """The next self-draft round's depth, fixed before it runs: where the recent rounds'

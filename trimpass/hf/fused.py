@@ -1,16 +1,22 @@
 """The fused self-speculative loop behind :func:`trimpass.generate`: a Hugging Face causal LM drafts
 for itself through its own trimmed head and verifies with its full head, without a second body pass.
 
-The body (:mod:`trimpass.hf.body`: the compiled step over a static KV cache) runs one token at a
-time, as plain decoding does. Each step's hidden state is kept; the trimmed head (the step compiled
-through trimpass) drafts the next token. Every ``gamma`` steps, or where the trimmed confidence
-drops below ``confidence``, the full head verifies the kept hidden states in one batched product
-(:mod:`trimpass.spec.verify`); the cache rolls back to the first mismatch and the full head's own
-token follows. Lookup drafts come from the speculation core's proposer
-(:mod:`trimpass.spec.proposers.lookup`, this loop a batch of one) and are verified in one batched
-body pass. Each emitted token costs one body step; a round costs one full-head product. Host reads
-per round: the accepted count and the emitted ids, a confidence per draft step (with ``confidence >
-0``), one per near-tie. Batch 1 only. Diagnostics (the trace and replay of a call,
+The body (:mod:`trimpass.hf.body`: the compiled step over the loop's own static KV cache, written
+at one position tensor on the device) runs one token at a time, as plain decoding does. A round's
+depth ``k`` is fixed before it runs (where the drafter's confidence stopped in the last rounds,
+:class:`~trimpass.hf.costs.RoundCosts`); each of its ``k`` steps drafts through the trimmed head and
+a keep graph writes the hidden state, token and confidence into persistent buffers and advances the
+position; one accept graph verifies the ``k`` rows with the full head, rolls the position back and
+sets the next pending token (:mod:`trimpass.hf.rounds`): acceptance, rollback and sampling on the
+device, with no ``multinomial``. Lookup drafts come from the speculation core's proposer
+(:mod:`trimpass.spec.proposers.lookup`, this loop a batch of one) and are verified in one body pass
+padded to a row class (4, 8 or 16 rows, with their count in a tensor). **A round reads the host
+once**: one packed tensor (the kept count, the target's and the drafted tokens, near-tie flags, the
+confidence's stop depth); a near-tie among the kept rows is computed again alone, as plain decoding
+computes it (a rare second read). The controller plans each round from the host values of the
+last. A family whose layers the loop's cache does not serve yet
+(:data:`~trimpass.hf.fused_checks.OWNED`) runs Hugging Face's assisted generation instead, with one
+warning. Batch 1 only. Diagnostics (the trace and replay of a call,
 :mod:`trimpass.diagnostics.replay`) attach by the body's hooks.
 """
 from __future__ import annotations
@@ -125,7 +131,7 @@ class FusedLoop:
         deepest = max(self.gamma, self.lookup_tokens)
         self.controller = Controller(BudgetConfig(lookup=self.lookup or False).for_engine(deepest),
                                      deepest, self.costs)
-        self.warmed, self.reads = False, 0
+        self.warmed, self.reads, self.kinds = False, 0, set()  # kinds: sampling compiled
 
     def warm_up(self) -> float:
         """Compile every graph a greedy call runs (the one-token step and the pass over many
@@ -136,16 +142,7 @@ class FusedLoop:
         t0, graphs, body = time.perf_counter(), compiled_graphs(), self.body
         with torch.no_grad():
             self.rounds.upcast = self.stats.head_upcast = self.head.calibrate()
-            body.fresh_cache(2, max(self.gamma, 2) + 1)
-            self._first(body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))[0],
-                        None)
-            rounds = [lambda: self._plain(None)] if not self.speculate else \
-                [lambda k=k: self._self_round(0, k, 2, None) for k in sorted({1, self.gamma})]
-            rounds += [lambda: self._lookup_round(0, [0] * self.lookup_tokens, 1, 2, None)] \
-                * bool(self.lookup_tokens)
-            for run in rounds:
-                body.rollback(2)
-                run()
+            rounds = self._scratch(None)
             if self.lookup_tokens:  # the rounds' first costs, each from the same cache length
                 one, deep, look = (measure.best_ms(lambda r=r: (body.rollback(2), r())) / 1e3
                                    for r in (rounds[0], rounds[-2], rounds[-1]))
@@ -153,15 +150,35 @@ class FusedLoop:
                 self.costs.time("step_s", max(step, 1e-6))
                 self.costs.time("head_s", max(one - step, 1e-6))
                 self.costs.time("verify_s", look)
-            body.reset_rows()  # the scratch request's ids leave nothing behind
-        upcast, self.warmed = self.stats.head_upcast, True
-        self.stats = s = FusedStats(name="fused", head_upcast=upcast)  # scratch rounds uncounted
-        self.costs.steps = self.gamma / 2
+        self.warmed, s = True, self.stats
+        self.costs.restart()  # the scratch rounds' stops forgotten
         s.warm_up_s, s.graphs = time.perf_counter() - t0, compiled_graphs() - graphs
         s.body_upcast = body.rows.rewritten
         log.info("trimpass.generate: compiled %d graphs in %.1f s (first call on this model and "
                  "setting; none later)", s.graphs, s.warm_up_s)
         return s.warm_up_s
+
+    def _scratch(self, sampler) -> list:
+        """Every round this loop runs with ``sampler``'s kind of sampling, once, on a scratch
+        request (its graphs compiled); returns the rounds, to be run again (from position 2)."""
+        body, kind = self.body, tuple(self._flags(sampler).values())
+        kept, self.stats = self.stats, FusedStats(name="fused", head_upcast=self.stats.head_upcast)
+        if sampler is not None:
+            self.buf.warp.copy_(sampler.values(self.head.weight.shape[0]))
+        body.fresh_cache(2, max(self.gamma, 2) + 1)
+        self._first(body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))[0],
+                    sampler, counted=False)
+        rounds = [lambda: self._plain(sampler)] if not self.speculate else \
+            [lambda k=k: self._self_round(0, k, 2, sampler) for k in sorted({1, self.gamma})]
+        rounds += [lambda: self._lookup_round(0, [0] * self.lookup_tokens, 2, sampler)] \
+            * bool(self.lookup_tokens)
+        for run in rounds:
+            body.rollback(2)
+            run()
+        body.reset_rows()  # the scratch request's ids leave nothing behind
+        self.kinds.add(kind)
+        self.stats = kept
+        return rounds
 
     def _read(self, t: torch.Tensor) -> list:
         """A device-to-host read: one a round, one more at a near-tie."""
@@ -205,47 +222,41 @@ class FusedLoop:
         self.body.cache.seek(at + len(new))
         return n
 
-    def _self_round(self, token: int, k: int, at: int, sampler) -> list[int]:
+    def _self_round(self, token: int, k: int, at: int, sampler):
         """``k`` drafting steps from the pending ``token`` at position ``at`` through the trimmed
-        head, each followed by the keep graph, then the accept graph over their rows."""
+        head, each followed by the keep graph, then the accept graph over their rows; (emitted
+        ids, kept n, the confidence's stop depth, the drafted ids)."""
         b, pos = self.buf, self.body.cache.pos
         for _ in range(k):
             h, z = self.body.here(b.tok)[1:]
             self.graphs["keep"](h, z, b.H, b.D, b.C, b.Q, b.j, b.tok, pos, b.warp,
                                 sampler is not None)
-        new, n, stop, d = self._accept(b.H[:k], b.D[:k], k, k, True, sampler, at)
-        for j, t in enumerate([token] + d[:k - 1] if self.body.hooks else []):
+        out = self._accept(b.H[:k], b.D[:k], k, k, True, sampler, at)
+        for j, t in enumerate([token] + out[3][:k - 1] if self.body.hooks else []):
             self.body.tell("on_pass", at + j, torch.tensor([[t]]))  # diagnostics, once read
-        self.stats.counted(k, n, lookup_round=False)
-        self.costs.stopped(stop)
-        self.controller.offer(0, "self", d, k)
-        return new
+        return out
 
-    def _lookup_round(self, token: int, proposal: list[int], match: int, at: int,
-                      sampler) -> list[int]:
+    def _lookup_round(self, token: int, proposal: list[int], at: int, sampler):
         """Verify a lookup ``proposal`` after the pending ``token`` at ``at`` in one body pass
-        padded to a row class: its longest agreeing prefix and the target's own next token."""
+        padded to a row class: its longest agreeing prefix and the target's own next token;
+        (emitted ids, kept n, -, the proposal)."""
         b, m = self.buf, len(proposal)
         S = next(s for s in self.row_classes if s >= m + 1)
         rows = torch.tensor([m, token, *proposal] + [0] * (S - m))
         b.rows[:S + 2].copy_(rows, non_blocking=True)
         self.body.tell("on_pass", at, rows[1:S + 1].view(1, S))
         hs = self.body.here(b.rows[1:S + 1].view(1, S))[0]
-        new = self._accept(hs, b.rows[2:S + 2], b.rows[0], m, False, sampler, at)
-        self.stats.counted(m, new[1], lookup_round=True)
-        self.controller.offer(0, "lookup", proposal, m, match=match)
-        return new[0]
+        return self._accept(hs, b.rows[2:S + 2], b.rows[:1], m, False, sampler, at)
 
     def _plain(self, sampler) -> list[int]:
         """Plain decoding's step through the same compiled body: one token, one read."""
-        h = self.body.here(self.buf.tok)[1]
-        self.stats.body_steps += 1
-        return self._first(h, sampler, advance=True)
+        return self._first(self.body.here(self.buf.tok)[1], sampler, advance=True)
 
-    def _first(self, h, sampler, advance: bool = False) -> list[int]:
+    def _first(self, h, sampler, advance: bool = False, counted: bool = True) -> list[int]:
         """The full head's own token from one hidden state (the prompt's last, plain
         decoding's), made the pending one."""
-        self.stats.verifications += 1
+        self.stats.verifications += counted
+        self.stats.body_steps += advance and counted
         b = self.buf
         return self._read(self.graphs["token"](h, b.tok, self.body.cache.pos, b.warp,
                                                advance=advance, **self._flags(sampler)))
@@ -265,11 +276,16 @@ class FusedLoop:
         k = min(self.costs.depth(self.gamma, self.confidence), budget)
         plan = self.controller.plan(1, self.gamma, look, depths=(k,) if look is None else (0, k))
         if look is not None and not plan.depth:
-            out = self._lookup_round(token, look.row(0), look.match[0], at, sampler)
+            out, n, _, d = self._lookup_round(token, look.row(0), at, sampler)
             self.costs.time("verify_s", time.perf_counter() - t0)
+            self.stats.counted(len(d), n, lookup_round=True)
+            self.controller.offer(0, "lookup", d, len(d), match=look.match[0])
         else:
-            out = self._self_round(token, k, at, sampler)
+            out, n, stop, d = self._self_round(token, k, at, sampler)
             self.costs.self_round(k, time.perf_counter() - t0)
+            self.costs.stopped(stop)
+            self.stats.counted(k, n, lookup_round=False)
+            self.controller.offer(0, "self", d, k)
             if look is not None:
                 self.controller.offer(0, "lookup", look.row(0), 0, match=look.match[0])
         self.controller.observe([0], [out])
@@ -279,6 +295,8 @@ class FusedLoop:
     def generate(self, input_ids, max_new_tokens, sampler: Sampler | None, eos: set[int],
                  outputs=None) -> torch.Tensor:
         self.warm_up()
+        if sampler is not None and tuple(self._flags(sampler).values()) not in self.kinds:
+            self._scratch(sampler)  # this kind of sampling's graphs, before the request
         self.body.reset_rows()
         P = input_ids.shape[1]
         self.body.tell("on_request", P, max_new_tokens)

@@ -9,6 +9,17 @@ import torch
 from trimpass.hf import selfdraft
 from trimpass.spec.config import positive_int
 
+# the families whose layers the fused loop's own cache serves (each tested in tests/hf):
+# attention that writes through ``past_key_values.update`` and masks from its position
+OWNED = {"gemma3": "Gemma-3", "gemma3_text": "Gemma-3", "llama": "Llama", "qwen2": "Qwen2",
+         "gpt2": "GPT-2"}
+
+
+def owned(model) -> bool:
+    """Whether the fused loop runs ``model`` on its own cache and round graphs."""
+    cfg = model.config.get_text_config(decoder=True)
+    return getattr(cfg, "model_type", None) in OWNED
+
 
 def check_model(model) -> None:
     """A clear error for a model the loop cannot serve, naming what is missing."""

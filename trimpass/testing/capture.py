@@ -24,6 +24,7 @@ class GraphInputs:
     static: list[int] = field(default_factory=list)
     mutated: list[int] = field(default_factory=list)
     devices: set = field(default_factory=set)
+    scalars: list[int] = field(default_factory=list)  # 0-d inputs that are not static
     graph: fx.GraphModule | None = None
 
     @property
@@ -42,6 +43,9 @@ class GraphInputs:
                        "inputs are not static (copied on every replay)")
         if self.nonstatic_mutated:
             out.append(f"mutated inputs that are not static: {self.nonstatic_mutated}")
+        if self.scalars:
+            out.append(f"0-d inputs that are not static buffers (built per call from a Python "
+                       f"number, or a view): {self.scalars}")
         if len(self.devices) > 1:
             out.append(f"tensors on several devices: {sorted(map(str, self.devices))}")
         return out
@@ -85,6 +89,8 @@ class CaptureCheck:
             rec.static = list(meta.static_input_indices)
             rec.mutated = list(meta.mutated_inp_runtime_indices)
             rec.devices = _devices(fw)
+            rec.scalars = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                           and x.dim() == 0 and i not in rec.static]
             return make_boxed_func(fw.forward)
 
         return aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)

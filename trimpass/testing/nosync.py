@@ -127,3 +127,49 @@ class no_host_sync:  # noqa: N801 - used like a function: ``with no_host_sync():
             raise HostSyncError(f"{len(self.violations)} host sync(s) caught and swallowed "
                                 f"inside no_host_sync(); the first: {self.violations[0]}")
         return False
+
+
+READS = ("item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__")
+# where a read is not the loop's: an op's own kernel running its Python (on a GPU its device kernel
+# runs, checked by no_host_sync), and the controller's arithmetic over the host data it is handed
+HOST_SIDE = ("torch/_ops.py", "trimpass/spec/control/")
+
+
+class host_reads:  # noqa: N801 - used like a function: ``with host_reads() as r:``
+    """Context manager: count the reads from the device to the host under it (``count``; ``log``
+    names each): every ``Tensor`` method in :data:`READS` (``.item()``, ``int(t)``, ``float(t)``,
+    ``bool(t)``, a tensor used as an index, ``tolist()``, ``numpy()``), wrapped on the class for
+    the block, so the CPU run counts what a GPU run would wait for. A read whose stack passes
+    through ``skip`` (default :data:`HOST_SIDE`) is not counted. Unlike :class:`no_host_sync` it
+    sets no dispatch mode, which ``torch.compile`` refuses to run under: compiled graphs run as
+    they would (none of them reads the host; ``fullgraph=True`` refuses a graph that does)."""
+
+    def __init__(self, skip=HOST_SIDE):
+        self.log: list[str] = []
+        self.skip = tuple(skip)
+        self._kept: dict = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.log)
+
+    def _seen(self, name: str) -> None:
+        import traceback
+        frames = traceback.extract_stack()[:-2]
+        if not any(s in f.filename for f in frames for s in self.skip):
+            self.log.append(f"Tensor.{name} at {frames[-1].filename}:{frames[-1].lineno}")
+
+    def __enter__(self):
+        for name in READS:
+            original = self._kept[name] = getattr(torch.Tensor, name)
+
+            def counted(t, *a, _name=name, _original=original, **k):
+                self._seen(_name)
+                return _original(t, *a, **k)
+            setattr(torch.Tensor, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._kept.items():
+            setattr(torch.Tensor, name, original)
+        return False
