@@ -4,8 +4,12 @@ with :class:`trimpass.testing.nosync.host_reads` (``tolist`` and ``numpy`` inclu
 sampled, self-draft and lookup rounds."""
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, \
-    TopPLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 import trimpass
 from tests.graph.test_hf import V

@@ -3,10 +3,11 @@ controller prices it (:meth:`RoundCosts.price`). A lookup round (depth 0) is one
 over the proposal, ``verify_s`` whatever it keeps; a self-draft round of depth d runs d one-token
 body steps through the trimmed head (``step_s`` each) and one full-head product over their hidden
 states (``head_s``). Its depth is fixed before it runs (:meth:`RoundCosts.depth`): where the
-drafter's confidence stopped in the last ``STOPS`` rounds (``steps``, their mean). Every cost is first timed at the warm-up with the device
-synchronised (:func:`trimpass.measure.best_ms`), then follows the loop's own rounds as running
-means. The loop's rounds cost the same at every batch (it serves one request), and no plain step is
-observed for a cost model, so the controller's plain probes stay off."""
+drafter's confidence stopped in the last ``STOPS`` rounds (``steps``, their mean). Every cost is
+first timed at the warm-up with the device synchronised (:func:`trimpass.measure.best_ms`), then
+follows the loop's own rounds as running means. The loop's rounds cost the same at every batch (it
+serves one request), and no plain step is observed for a cost model, so the controller's plain
+probes stay off."""
 from __future__ import annotations
 
 from collections import deque

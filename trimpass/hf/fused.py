@@ -322,7 +322,7 @@ class FusedLoop:
 
 def agreed(ids: list[int], drafted: list[int]) -> int:
     """How many leading ``drafted`` ids equal the target's ``ids`` (host lists)."""
-    return next((i for i, (a, b) in enumerate(zip(ids, drafted)) if a != b),
+    return next((i for i, (a, b) in enumerate(zip(ids, drafted, strict=False)) if a != b),
                 min(len(ids), len(drafted)))
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from trimpass.base import softcap
-from trimpass.hf import upcast
+from trimpass.hf import upcast  # noqa: F401  (registers trimpass::upcast_linear)
 from trimpass.spec.verify import kept, tolerance
 
 METHODS = ("keep", "accept", "token")
