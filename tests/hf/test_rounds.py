@@ -14,8 +14,9 @@ from transformers import (
 import trimpass
 from tests.graph.test_hf import V
 from tests.hf.test_selfdraft import MODELS
-from trimpass.hf.rounds import race, warped
+from trimpass.hf.rounds import warped
 from trimpass.hf.sampler import Sampler
+from trimpass.spec.verify import race, residual
 from trimpass.testing.nosync import host_reads
 
 FAST = dict(inner="aot_eager", learn_core=64)
@@ -42,6 +43,12 @@ def test_race_draws_each_id_as_often_as_its_probability():
     draws = race(p.expand(20000, 4).clone())
     freq = torch.bincount(draws, minlength=4).float() / draws.numel()
     assert freq[3] == 0 and torch.allclose(freq, p, atol=0.015)
+
+
+def test_residual_is_p_minus_q_or_p_where_q_covers_it():
+    p, q = torch.tensor([[0.5, 0.3, 0.2]]), torch.tensor([[0.2, 0.5, 0.3]])
+    assert torch.allclose(residual(p, q), torch.tensor([[0.3, 0.0, 0.0]]))
+    assert torch.equal(residual(p, p), p)
 
 
 def _reads(model, ids, **kw):

@@ -31,11 +31,11 @@ def test_both_engines_draft_lookups_with_one_proposer_and_decide_with_one_contro
 
 
 def test_every_loop_verifies_through_the_one_verify_module():
-    from trimpass.hf import fused
+    from trimpass.hf import fused, rounds
     from trimpass.loops import chain, tree
     from trimpass.spec import verify
     from trimpass.train import losses
-    assert all(m.verify is verify for m in (fused, chain, tree, losses))
+    assert all(m.verify is verify for m in (fused, rounds, chain, tree, losses))
 
 
 BENEATH_THE_CORE = ("trimpass.spec", "trimpass.isotonic", "trimpass.measure")  # maths, the timer

@@ -35,6 +35,7 @@ from trimpass.hf.rounds import METHODS, Buffers, Rounds
 from trimpass.hf.sampler import Sampler
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import compiled_graphs
+from trimpass.spec import verify
 from trimpass.spec.config import BudgetConfig, GenerateConfig, LookupConfig
 from trimpass.spec.control.controller import Controller
 from trimpass.spec.proposers.lookup import LookupProposer
@@ -210,13 +211,13 @@ class FusedLoop:
         """Each near-tie row up to the first disagreement computed again alone, as plain decoding
         computes it (a rare second read); the pending token and position set to match."""
         for j in (j for j, t in enumerate(ties) if t):
-            if j > agreed(ids, d):
+            if j > verify.agreed(ids, d):
                 break
             scratch = (self.buf.tok.clone(), self.body.cache.pos.clone())
             ids[j] = self._read(self.graphs["token"](H[j:j + 1].clone(), *scratch, self.buf.warp,
                                                      advance=False, **self._flags(None)))[0]
             self.stats.rechecks += 1
-        n = agreed(ids, d)
+        n = verify.agreed(ids, d)
         new = d[:n] + ([ids[n]] if n < len(ids) else [])
         self.buf.tok.fill_(new[-1])
         self.body.cache.seek(at + len(new))
@@ -318,12 +319,6 @@ class FusedLoop:
             outputs.add(out)
         tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, tail], dim=1)
-
-
-def agreed(ids: list[int], drafted: list[int]) -> int:
-    """How many leading ``drafted`` ids equal the target's ``ids`` (host lists)."""
-    return next((i for i, (a, b) in enumerate(zip(ids, drafted, strict=False)) if a != b),
-                min(len(ids), len(drafted)))
 
 
 def through_eos(ids: list[int], eos: set[int]) -> list[int]:

@@ -3,17 +3,19 @@ acceptance, rollback and sampling, and plain decoding's token, each one compiled
 loop's persistent buffers (:class:`Buffers`), so that a round is graphs plus one packed read.
 
 * :meth:`Rounds.keep` follows a drafting step (its hidden state and trimmed logits): the drafted
-  token (the argmax, or a draw from the trimmed softmax by the exponential race, no
-  ``multinomial``), its confidence and, sampling, its distribution, written at row ``j`` of the
-  round's buffers; the pending token becomes the drafted one; ``pos`` and ``j`` advance by one.
+  token (the argmax, or a draw from the trimmed softmax by the exponential race,
+  :func:`~trimpass.spec.verify.race`: no ``multinomial``), its confidence and, sampling, its
+  distribution, written at row ``j`` of the round's buffers; the pending token becomes the drafted
+  one; ``pos`` and ``j`` advance by one.
 * :meth:`Rounds.accept` verifies ``R`` rows with the full head: rows ``j < m`` verify ``D[j]``, a
   row past them predicts the token after. Greedy: each row's argmax, kept while it equals its draft;
   a row whose top two logits lie closer than :func:`~trimpass.spec.verify.tolerance` is flagged
   for the host's recheck. Sampled: speculative sampling (:func:`~trimpass.spec.verify.kept`),
-  the fix drawn from ``(p - q)+`` by the exponential race. It sets the pending token, moves ``pos``
-  to the end of what it kept (a rollback) and returns one packed int64 tensor: the kept count,
-  then per row the near-tie flag, the target's token, the drafted token, and the depth where the
-  drafter's confidence first dropped below ``confidence``.
+  the fix drawn from :func:`~trimpass.spec.verify.residual` by the exponential race. The rule is
+  :mod:`trimpass.spec.verify`'s; these graphs compute it on the device. It sets the pending
+  token, moves ``pos`` to the end of what it kept (a rollback) and returns one packed int64
+  tensor: the kept count, the depth where the drafter's confidence first dropped below
+  ``confidence``, then per row the near-tie flag, the target's token and the drafted token.
 * :meth:`Rounds.token` is plain decoding's (and the prefill's) token from one hidden state.
 
 The target's distribution is Hugging Face's (temperature, top-k, top-p in that order, as its
@@ -30,15 +32,10 @@ import torch.nn.functional as F
 
 from trimpass.base import softcap
 from trimpass.hf import upcast  # noqa: F401  (registers trimpass::upcast_linear)
-from trimpass.spec.verify import kept, tolerance
+from trimpass.spec import verify
+from trimpass.spec.verify import race
 
 METHODS = ("keep", "accept", "token")
-
-
-def race(p: torch.Tensor) -> torch.Tensor:
-    """A draw from each row of ``p`` [R, V] (not necessarily normalized) without a host sync:
-    the argmax of ``p / E`` for ``E ~ Exp(1)``, as gpt-fast samples."""
-    return (p / torch.empty_like(p).exponential_(1)).argmax(-1)
 
 
 def warped(z: torch.Tensor, warp: torch.Tensor, top_k: bool, top_p: bool) -> torch.Tensor:
@@ -125,20 +122,19 @@ class Rounds(torch.nn.Module):
         if sampled:
             p = torch.softmax(warped(z, warp, top_k, top_p), dim=-1)
             qx = Q.gather(1, D.view(R, 1))[:, 0] if drafted else torch.ones_like(C)
-            keep = kept(p.gather(1, D.view(R, 1))[:, 0], qx, torch.rand(R, device=H.device))
+            keep = verify.kept(p.gather(1, D.view(R, 1))[:, 0], qx, torch.rand(R, device=H.device))
             ties = torch.zeros(R, dtype=torch.long, device=H.device)
         else:
             top = z.topk(2, dim=-1)
             ids = top.indices[:, 0]
             gap = top.values[:, 0].float() - top.values[:, 1].float()
-            ties = (gap <= tolerance(top.values[:, 0], z.dtype)).long()
+            ties = (gap <= verify.tolerance(top.values[:, 0], z.dtype)).long()
             keep = ids == D
-        n = (keep & (rows < m)).long().cumprod(0).sum()
+        n = verify.accepted(keep & (rows < m))
         at = n.clamp(max=R - 1).view(1)  # a 1-element index: a 0-d one is read on the host
         if sampled:
             q_n = Q[at] if drafted else F.one_hot(D[at], p.shape[-1]).float() * (n < m)
-            residual = (p[at] - q_n).clamp(min=0)
-            ids = race(torch.where(residual.sum() > 0, residual, p[at])).expand(R)
+            ids = race(verify.residual(p[at], q_n)).expand(R)
         tail = n < R
         emitted = n + tail.long()
         last = torch.where(tail, ids[at], D[R - 1:])

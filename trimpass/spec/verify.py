@@ -30,8 +30,11 @@ def tolerance(top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ULPS.get(dtype, 256.0) * torch.finfo(dtype).eps * top.float().abs().clamp(min=1.0)
 
 
-def agreed(ids: torch.Tensor, drafted: torch.Tensor) -> int:
-    """How many leading drafted tokens equal the target's ``ids``."""
+def agreed(ids, drafted) -> int:
+    """How many leading drafted tokens equal the target's ``ids`` (tensors, or host lists)."""
+    if isinstance(ids, list):
+        return next((i for i, (a, b) in enumerate(zip(ids, drafted, strict=False)) if a != b),
+                    min(len(ids), len(drafted)))
     k = min(drafted.shape[0], ids.shape[0])
     return int(torch.ne(ids[:k], drafted[:k]).cumsum(0).eq(0).sum())
 
@@ -80,6 +83,21 @@ def kept(p_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def accepted(keep: torch.Tensor) -> torch.Tensor:
     """The kept prefix's length along the last dimension of a kept mask."""
     return keep.long().cumprod(-1).sum(-1)
+
+
+def race(p: torch.Tensor) -> torch.Tensor:
+    """A draw from each row of ``p`` [R, V] (not necessarily normalized) with no host sync, as
+    gpt-fast samples: the argmax of ``p / E`` for ``E ~ Exp(1)`` (the first of independent
+    exponential clocks of rates ``p``); what the loop's graphs sample with, never
+    ``multinomial``."""
+    return (p / torch.empty_like(p).exponential_(1)).argmax(-1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The distribution a rejection draws from, unnormalized and without a host read: ``(p -
+    q)+``, or ``p`` where that is zero everywhere (the draft was then kept with probability 1)."""
+    r = (p - q).clamp(min=0)
+    return torch.where(r.sum(-1, keepdim=True) > 0, r, p)
 
 
 def point_mass(drafted: torch.Tensor, V: int, dtype=torch.float32) -> torch.Tensor:
