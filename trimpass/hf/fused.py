@@ -151,7 +151,8 @@ class FusedLoop:
                 self.costs.time("step_s", max(step, 1e-6))
                 self.costs.time("head_s", max(one - step, 1e-6))
                 self.costs.time("verify_s", look)
-        self.warmed, s = True, self.stats
+        upcast, self.warmed = self.stats.head_upcast, True
+        self.stats = s = FusedStats(name="fused", head_upcast=upcast)  # scratch rounds uncounted
         self.costs.restart()  # the scratch rounds' stops forgotten
         s.warm_up_s, s.graphs = time.perf_counter() - t0, compiled_graphs() - graphs
         s.body_upcast = body.rows.rewritten
@@ -163,22 +164,21 @@ class FusedLoop:
         """Every round this loop runs with ``sampler``'s kind of sampling, once, on a scratch
         request (its graphs compiled); returns the rounds, to be run again (from position 2)."""
         body, kind = self.body, tuple(self._flags(sampler).values())
-        kept, self.stats = self.stats, FusedStats(name="fused", head_upcast=self.stats.head_upcast)
         if sampler is not None:
             self.buf.warp.copy_(sampler.values(self.head.weight.shape[0]))
         body.fresh_cache(2, max(self.gamma, 2) + 1)
-        self._first(body.prefill(torch.zeros(1, 2, dtype=torch.long, device=body.device))[0],
-                    sampler, counted=False)
+        first = self.head.weight.shape[0] // 4  # ordinary ids, none of the special ones up front
+        ids = torch.arange(first, first + 2 + self.lookup_tokens, device=body.device)
+        self._first(body.prefill(ids[None, :2])[0], sampler)
         rounds = [lambda: self._plain(sampler)] if not self.speculate else \
             [lambda k=k: self._self_round(0, k, 2, sampler) for k in sorted({1, self.gamma})]
-        rounds += [lambda: self._lookup_round(0, [0] * self.lookup_tokens, 2, sampler)] \
+        rounds += [lambda: self._lookup_round(first, ids[2:].tolist(), 2, sampler)] \
             * bool(self.lookup_tokens)
         for run in rounds:
             body.rollback(2)
             run()
         body.reset_rows()  # the scratch request's ids leave nothing behind
         self.kinds.add(kind)
-        self.stats = kept
         return rounds
 
     def _read(self, t: torch.Tensor) -> list:
@@ -253,11 +253,11 @@ class FusedLoop:
         """Plain decoding's step through the same compiled body: one token, one read."""
         return self._first(self.body.here(self.buf.tok)[1], sampler, advance=True)
 
-    def _first(self, h, sampler, advance: bool = False, counted: bool = True) -> list[int]:
+    def _first(self, h, sampler, advance: bool = False) -> list[int]:
         """The full head's own token from one hidden state (the prompt's last, plain
         decoding's), made the pending one."""
-        self.stats.verifications += counted
-        self.stats.body_steps += advance and counted
+        self.stats.verifications += 1
+        self.stats.body_steps += advance
         b = self.buf
         return self._read(self.graphs["token"](h, b.tok, self.body.cache.pos, b.warp,
                                                advance=advance, **self._flags(sampler)))
@@ -297,7 +297,9 @@ class FusedLoop:
                  outputs=None) -> torch.Tensor:
         self.warm_up()
         if sampler is not None and tuple(self._flags(sampler).values()) not in self.kinds:
+            stats = self.stats
             self._scratch(sampler)  # this kind of sampling's graphs, before the request
+            self.stats = stats  # its scratch rounds uncounted
         self.body.reset_rows()
         P = input_ids.shape[1]
         self.body.tell("on_request", P, max_new_tokens)
