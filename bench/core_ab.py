@@ -62,7 +62,7 @@ def worker(a) -> int:
         sets, names = prompt_sets(tok, a.prompts, a.prompt_tokens), SETS
     else:  # the warm-up prompt's length is none of the stream's
         stream = prompts(tok, lengths(a.prompts + 1, 8, 1024))
-        sets, names = {"warm": stream.pop(len(stream) // 2), "stream": stream}, ("stream",)
+        sets, names = {"warm": [stream.pop(len(stream) // 2)], "stream": stream}, ("stream",)
 
     def run(name, ids):
         kw = CONFIGS[name]

@@ -73,3 +73,16 @@ def test_a_forgotten_lookup_record_probes_at_its_first_match_once():
     assert c.prices["lookup"].reached.sum() == 0 and c.prices["self"].reached.sum() > 0
     assert c.plan(1, G, None, depths=(G,)).depth == G  # no match yet: the probe waits for one
     assert [_choice(c, 4) for _ in range(3)] == ["lookup", "self", "self"]
+
+
+def test_a_rounds_depth_is_the_deepest_recent_stop_within_gamma():
+    c = RoundCosts(G)
+    assert c.depth(G, 0.4) == G and c.depth(G, 0.0) == G  # nothing seen yet; no confidence stop
+    for stop in (2, 3, 1):
+        c.stopped(stop)
+    assert c.depth(G, 0.4) == 3
+    c.stopped(G + 1)  # a round whose confidence never dropped
+    assert c.depth(G, 0.4) == G
+    for _ in range(4):
+        c.stopped(1)
+    assert c.depth(G, 0.4) == 1 and c.depth(G, 0.0) == G  # the last 4 rounds only

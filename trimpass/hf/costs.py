@@ -2,8 +2,8 @@
 controller prices it (:meth:`RoundCosts.price`). A lookup round (depth 0) is one batched body pass
 over the proposal, ``verify_s`` whatever it keeps; a self-draft round of depth d runs d one-token
 body steps through the trimmed head (``step_s`` each) and one full-head product over their hidden
-states (``head_s``). Its depth is fixed before it runs (:meth:`RoundCosts.depth`): where the
-drafter's confidence stopped in the last ``STOPS`` rounds (``steps``, their mean). Every cost is
+states (``head_s``). Its depth is fixed before it runs (:meth:`RoundCosts.depth`): the deepest
+of where the drafter's confidence stopped in the last ``STOPS`` rounds (``steps``). Every cost is
 first timed at the warm-up with the device synchronised (:func:`trimpass.measure.best_ms`), then
 follows the loop's own rounds as running means. The loop's rounds cost the same at every batch (it
 serves one request), and no plain step is observed for a cost model, so the controller's plain
@@ -27,8 +27,8 @@ class RoundCosts:
         self.restart()
 
     def restart(self) -> None:
-        """No stop depth seen yet: half of ``gamma`` until one is."""
-        self.steps, self.stops = self.gamma / 2, deque(maxlen=STOPS)
+        """No stop depth seen yet: ``gamma`` until one is."""
+        self.steps, self.stops = self.gamma, deque(maxlen=STOPS)
 
     def time(self, name: str, seconds: float) -> None:
         old = getattr(self, name)
@@ -42,12 +42,15 @@ class RoundCosts:
         """A self-draft round's drafter confidence first dropped below the loop's at ``depth``
         (its depth + 1 where it never did: it would have gone on)."""
         self.stops.append(depth)
-        self.steps = sum(self.stops) / len(self.stops)
+        self.steps = max(self.stops)
 
     def depth(self, gamma: int, confidence: float) -> int:
-        """The next self-draft round's depth, fixed before it runs: where the recent rounds'
-        confidence stopped (``gamma`` with no confidence stop)."""
-        return gamma if not confidence else max(1, min(gamma, round(self.steps)))
+        """The next self-draft round's depth, fixed before it runs: the deepest the recent rounds'
+        confidence reached (``gamma`` with no confidence stop). Deepest, not their mean: a round
+        stopped short costs one more full-head product, a draft past a rejection one body step,
+        and the trimmed head's drafts are kept far more often than its confidence says (the real
+        Gemma-3-270M, fp32, lookup=False: 22.3 tok/s at the deepest of 4, 17.8 at their mean)."""
+        return gamma if not confidence else max(1, min(gamma, int(self.steps)))
 
     def price(self, batch: int, depth: int):
         """``(cost, drafting seconds)`` of a round of ``depth`` (0: a lookup round), or None
