@@ -36,12 +36,11 @@ from trimpass.hf.sampler import Sampler
 from trimpass.loops.stats import LoopStats
 from trimpass.measure import compiled_graphs
 from trimpass.spec import verify
-from trimpass.spec.config import BudgetConfig, GenerateConfig, LookupConfig
+from trimpass.spec.config import BudgetConfig, GenerateConfig
 from trimpass.spec.control.controller import Controller
 from trimpass.spec.proposers.lookup import LookupProposer
 
 log = logging.getLogger("trimpass")
-WARM_ROWS = LookupConfig.tokens + 1  # the warm-up's verification pass: a default lookup round's
 
 
 @dataclass
@@ -249,8 +248,11 @@ class FusedLoop:
         hs = self.body.here(b.rows[1:S + 1].view(1, S))[0]
         return self._accept(hs, b.rows[2:S + 2], b.rows[:1], m, False, sampler, at)
 
-    def _plain(self, sampler) -> list[int]:
-        """Plain decoding's step through the same compiled body: one token, one read."""
+    def _plain(self, sampler, token: int = 0, at: int = 0) -> list[int]:
+        """Plain decoding's step (the pending ``token`` at ``at``) through the same compiled body:
+        one token, one read."""
+        if self.body.hooks:  # diagnostics
+            self.body.tell("on_pass", at, torch.tensor([[token]]))
         return self._first(self.body.here(self.buf.tok)[1], sampler, advance=True)
 
     def _first(self, h, sampler, advance: bool = False) -> list[int]:
@@ -270,7 +272,7 @@ class FusedLoop:
         is priced against what the round emitted."""
         t0, token, at = time.perf_counter(), text[-1], len(text) - 1
         if not self.speculate:
-            return self._plain(sampler)
+            return self._plain(sampler, token, at)
         drafts = proposer.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
                                   budget - 1) if proposer is not None and budget > 1 else None
         look = drafts if drafts is not None and drafts.counts[0] else None
@@ -297,7 +299,7 @@ class FusedLoop:
                  outputs=None) -> torch.Tensor:
         self.warm_up()
         if sampler is not None and tuple(self._flags(sampler).values()) not in self.kinds:
-            stats = self.stats
+            stats, self.stats = self.stats, FusedStats(name="fused")
             self._scratch(sampler)  # this kind of sampling's graphs, before the request
             self.stats = stats  # its scratch rounds uncounted
         self.body.reset_rows()
