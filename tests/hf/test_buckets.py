@@ -142,3 +142,25 @@ def test_warm_up_refuses_settings_beside_a_drafter():
     draft = trimpass.self_drafter(model, inner="aot_eager")
     with pytest.raises(trimpass.TrimpassError, match="warm_up: a self_drafter keeps its own"):
         trimpass.warm_up(model, draft, gamma=3)
+
+
+def test_a_gpu_cache_comes_in_three_classes_and_refuses_a_request_past_the_largest():
+    assert [buckets.capacity_for(n, 131072, "cuda") for n in (1, 2048, 2049, 9000, 32768)] == \
+        [2048, 2048, 8192, 32768, 32768]
+    assert buckets.capacity_for(3000, 4096, "cuda") == 4096  # the context caps a class
+    buckets.check_length(30000, 2768, 131072, "cuda")
+    with pytest.raises(ValueError, match="max_new_tokens: 30000 prompt tokens \\+ 2769 new ones "
+                                         "pass the loop's largest cache of 32768 positions"):
+        buckets.check_length(30000, 2769, 131072, "cuda")
+    with pytest.raises(ValueError, match="input_ids: a prompt of 40000 tokens is longer than "
+                                         "the loop's largest cache"):
+        buckets.check_length(40000, 1, 131072, "cuda")
+    buckets.check_length(40000, 1, 131072, "cpu")  # the CPU's cache follows the request
+
+
+def test_a_mode_inductor_does_not_know_is_refused_before_any_compile():
+    model = _gemma()
+    with pytest.raises(trimpass.TrimpassError, match="mode: one inductor knows .*reduce-overhead"
+                                                     ".* got 'fast'"):
+        trimpass.generate(model, torch.randint(0, V, (1, 5)), 4, mode="fast")
+    assert not hasattr(model, "_trimpass_fused")
