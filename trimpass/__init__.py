@@ -248,16 +248,21 @@ def _assisted(model, input_ids, max_new_tokens, settings, speculate, output_cach
                       "Hugging Face's assisted generation and trimpass.self_drafter instead "
                       "(lossless, no lookup drafts)", stacklevel=3)
         model._trimpass_warned = True
-    if speculate and "_trimpass_assistant" not in model.__dict__:
-        model._trimpass_assistant = self_drafter(model, settings.gamma, settings.confidence,
-                                                 **config)
-    s = settings.sampling
+    s, draft = settings.sampling, _assistant(model, settings, config) if speculate else None
     with torch.no_grad():
-        return model.generate(input_ids, assistant_model=model._trimpass_assistant if speculate
-                              else None, max_new_tokens=max_new_tokens, do_sample=s.do_sample,
-                              temperature=s.temperature, top_k=s.top_k or 0,
-                              top_p=1.0 if s.top_p is None else s.top_p,
+        return model.generate(input_ids, assistant_model=draft, max_new_tokens=max_new_tokens,
+                              do_sample=s.do_sample, temperature=s.temperature,
+                              top_k=s.top_k or 0, top_p=1.0 if s.top_p is None else s.top_p,
                               pad_token_id=model.generation_config.pad_token_id or 0)
+
+
+def _assistant(model, settings, config):
+    """The self-drafter a model the fused loop does not own decodes with, built on its first use
+    and kept on the model."""
+    if "_trimpass_assistant" not in model.__dict__:  # not a submodule: no state_dict entries
+        model.__dict__["_trimpass_assistant"] = self_drafter(model, settings.gamma,
+                                                             settings.confidence, **config)
+    return model.__dict__["_trimpass_assistant"]
 
 
 def _fused_loop(model, settings, speculate, config):
@@ -296,9 +301,11 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
             raise TrimpassError("warm_up: a self_drafter keeps its own settings; pass only "
                                 "model and draft")
         return selfdraft.warm_up(model, draft)
+    settings = GenerateConfig.of(gamma, confidence, lookup)
+    if not fused_checks.owned(model):  # generate runs Hugging Face's loop with its assistant
+        return selfdraft.warm_up(model, _assistant(model, settings, config)) if speculate else 0.0
     with torch.no_grad():
-        return _fused_loop(model, GenerateConfig.of(gamma, confidence, lookup), speculate,
-                           config).warm_up()
+        return _fused_loop(model, settings, speculate, config).warm_up()
 
 
 def pair(target: torch.nn.Module, draft, k: int = 3):

@@ -210,3 +210,6 @@ def test_a_family_the_loop_does_not_own_runs_assisted_generation_with_one_warnin
         trimpass.generate(model, ids, 4, **FAST)
     with pytest.raises(trimpass.TrimpassError, match="output_cache: mistral runs"):
         trimpass.generate(model, ids, 4, output_cache=trimpass.OutputCache(), **FAST)
+    assert trimpass.warm_up(model, **FAST) > 0  # its assistant's graphs, not a fused loop's
+    assert trimpass.warm_up(model, **FAST) == 0.0 and not hasattr(model, "_trimpass_fused")
+    assert len(model.state_dict()) == len(MistralForCausalLM(MistralConfig(**SMALL)).state_dict())
