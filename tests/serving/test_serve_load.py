@@ -89,7 +89,10 @@ def test_every_good_request_is_served_or_aborted_and_every_bad_one_rejected(load
             [(r.req.i, r.status, r.error) for r in good if r.status != 200 or r.error]
         assert all(len(r.tokens) == r.req.max_tokens for r in good if not r.aborted), name
         assert s["aborted"] >= 8 and s["served"] == 64 - s["aborted"] and s["failed"] == 0, s
-        assert run["metrics"].get("vllm:num_preemptions", 0) >= 1, (name, run["metrics"])
+        # the load preempts by its timing: required where trimpass runs (its rows must be
+        # rebuilt on resume); vLLM's own runs preempted or not (twice none on a loaded 2-core VM)
+        assert not run["stats"] or run["metrics"].get("vllm:num_preemptions", 0) >= 1, \
+            (name, run["metrics"])
 
 
 def test_greedy_outputs_under_preemption_and_aborts_are_no_worse_than_vllms_own(load):

@@ -166,12 +166,13 @@ class FusedLoop:
         if sampler is not None:
             self.buf.warp.copy_(sampler.values(self.head.weight.shape[0]))
         body.fresh_cache(2, max(self.gamma, 2) + 1)
-        first = self.head.weight.shape[0] // 4  # ordinary ids, none of the special ones up front
-        ids = torch.arange(first, first + 2 + self.lookup_tokens, device=body.device)
+        V = self.head.weight.shape[0]  # ordinary ids, none of the special ones up front
+        ids = (V // 4 + torch.arange(2 + self.lookup_tokens, device=body.device)) % V
+        token = int(ids[1])  # the scratch prompt's last: the lookup round's pending one
         self._first(body.prefill(ids[None, :2])[0], sampler)
         rounds = [lambda: self._plain(sampler)] if not self.speculate else \
             [lambda k=k: self._self_round(0, k, 2, sampler) for k in sorted({1, self.gamma})]
-        rounds += [lambda: self._lookup_round(first, ids[2:].tolist(), 2, sampler)] \
+        rounds += [lambda: self._lookup_round(token, ids[2:].tolist(), 2, sampler)] \
             * bool(self.lookup_tokens)
         for run in rounds:
             body.rollback(2)
