@@ -164,3 +164,24 @@ def test_a_mode_inductor_does_not_know_is_refused_before_any_compile():
                                                      ".* got 'fast'"):
         trimpass.generate(model, torch.randint(0, V, (1, 5)), 4, mode="fast")
     assert not hasattr(model, "_trimpass_fused")
+
+
+def test_a_padded_prompt_pass_as_on_a_gpu_changes_no_token_and_compiles_nothing_new(
+        monkeypatch):
+    assert buckets.padded_rows(70, "cuda") == 128 and buckets.padded_rows(70, "cpu") == 70
+    torch._dynamo.reset()
+    model = _gemma()
+    prompts = [torch.randint(0, V, (1, n), generator=torch.Generator().manual_seed(n))
+               for n in (5, 70, 130)]
+    want = [trimpass.generate(model, p, NEW, gamma=4, learn_core=64, **FAST) for p in prompts]
+    monkeypatch.setattr(buckets, "PADDED", ("cuda", "cpu"))  # the GPU's padding, on the CPU
+    torch._dynamo.reset()
+    padded = _gemma()
+    got = [trimpass.generate(padded, prompts[0], NEW, gamma=4, learn_core=64, **FAST)]
+    assert padded._trimpass_fused.body.slack >= buckets.PREFILL_ROWS - 1
+    graphs = compiled_graphs()
+    got += [trimpass.generate(padded, p, NEW, gamma=4, learn_core=64, **FAST)
+            for p in prompts[1:]]
+    assert compiled_graphs() == graphs, "a padded prompt of a new length compiled a graph"
+    for p, g, w in zip(prompts, got, want, strict=True):
+        _same_or_near_tie(model, p, g, w)

@@ -36,7 +36,8 @@ class Body:
         self.device = self.head.weight.device
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
         self.caches: dict[int, LoopCache] = {}  # capacity class -> its cache, oldest first
-        self.slack = slack  # rows past a cache's capacity that a padded pass may write
+        # rows past a cache's capacity that a padded pass (a lookup round's, a prompt's) may write
+        self.slack = max(slack, buckets.padded_rows(1, self.device) - 1)
         self.hooks: list = []  # objects with on_request / on_rollback / on_pass, any of them
 
     def tell(self, event: str, *args) -> None:
@@ -103,10 +104,19 @@ class Body:
         return self.run(torch.tensor([tokens], device=self.device), at)[0].clone()
 
     def prefill(self, ids: torch.Tensor):
-        """The prompt in passes of up to ``buckets.CHUNK`` tokens; returns the last row's (h,
-        logits), the cache's position at the prompt's end."""
+        """The prompt in passes of up to ``buckets.CHUNK`` tokens, each padded to
+        :func:`~trimpass.hf.buckets.padded_rows` (its last id repeated, written past the prompt
+        and never read); returns the last real row's (h, trimmed logits: None where padded), the
+        cache's position at the prompt's end."""
         for start in range(0, ids.shape[1], buckets.CHUNK):
-            h, z = self.run(ids[:, start:start + buckets.CHUNK], start)[1:]
+            chunk = ids[:, start:start + buckets.CHUNK]
+            n = chunk.shape[1]
+            rows = buckets.padded_rows(n, self.device)
+            if rows > n:
+                chunk = torch.cat([chunk, chunk[:, -1:].expand(1, rows - n)], dim=1)
+            hs, h, z = self.run(chunk, start)
+            if rows > n:
+                h, z = hs[n - 1:n], None
         self.rollback(ids.shape[1])
         return h, z
 

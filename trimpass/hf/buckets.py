@@ -8,7 +8,8 @@ layer is full length (a sliding-window layer's mask applies the window from abso
 The cache holds a request's positions in a capacity class (:func:`capacity_for`): on the CPU a
 multiple of ``GRANULE`` (the length dimension is symbolic in every graph and nothing is recorded,
 so the cache follows the request), on a GPU one of ``CUDA_CLASSES`` (each a CUDA-graph recording,
-reused across calls). ``slack`` rows past the capacity take a padded pass's padding rows. Why these
+reused across calls), where a prompt's pass is also padded to a multiple of ``PREFILL_ROWS`` rows
+(:func:`padded_rows`). ``slack`` rows past the capacity take a padded pass's padding rows. Why these
 sizes: ``docs/fused.md``.
 """
 from __future__ import annotations
@@ -22,6 +23,10 @@ CHUNK = 512
 GRANULE = 256
 MIN_CAPACITY = GRANULE
 CUDA_CLASSES = (2048, 8192, 32768)
+# where graphs are recorded (CUDA graphs: one recording per shape), a prompt's pass is padded to a
+# multiple of PREFILL_ROWS rows, so a prompt of a new length replays a recording it has
+PREFILL_ROWS = 64
+PADDED = ("cuda",)
 
 
 class PositionLayer(StaticLayer):
@@ -83,6 +88,14 @@ class LoopCache(Cache):
     def seek(self, length: int) -> None:
         """Set the position from the host (a prompt's chunk, a diagnostic replay): no read."""
         self.pos.fill_(length)
+
+
+def padded_rows(n: int, device) -> int:
+    """The rows a prompt's pass of ``n`` tokens runs on ``device``: ``n`` where nothing is
+    recorded, else ``n`` rounded up to a multiple of ``PREFILL_ROWS``."""
+    if torch.device(device).type not in PADDED:
+        return n
+    return -(-n // PREFILL_ROWS) * PREFILL_ROWS
 
 
 def context_of(model) -> int | None:
