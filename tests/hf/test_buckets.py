@@ -185,3 +185,13 @@ def test_a_padded_prompt_pass_as_on_a_gpu_changes_no_token_and_compiles_nothing_
     assert compiled_graphs() == graphs, "a padded prompt of a new length compiled a graph"
     for p, g, w in zip(prompts, got, want, strict=True):
         _same_or_near_tie(model, p, g, w)
+
+
+def test_a_gpu_keeps_every_class_allocated_and_a_cpu_only_the_last():
+    assert buckets.kept_classes("cuda") == len(buckets.CUDA_CLASSES)
+    assert buckets.kept_classes("cpu") == 1
+    torch._dynamo.reset()
+    model = _gemma(context=4096)
+    for n in (10, 1000, 10):
+        trimpass.generate(model, torch.randint(0, V, (1, n)), 4, speculate=False, **FAST)
+    assert list(model._trimpass_fused.body.caches) == [buckets.MIN_CAPACITY]

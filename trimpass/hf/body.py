@@ -18,8 +18,6 @@ from trimpass.hf.buckets import LoopCache
 from trimpass.hf.full_head import FullHead
 from trimpass.hf.step import Step
 
-KEEP = 3  # capacity classes whose caches stay allocated
-
 
 class Body:
     """``model``'s compiled step (through ``backend`` with its trimmed head when ``speculate``,
@@ -56,11 +54,11 @@ class Body:
     def fresh_cache(self, prompt: int, new: int) -> LoopCache:
         """The cache for a prompt of ``prompt`` tokens and ``new`` more, at position 0: its
         capacity class's (:func:`~trimpass.hf.buckets.capacity_for`), kept for the next request of
-        that class (the last ``KEEP`` classes), so a new prompt never means a new cache's
-        addresses in a recorded graph."""
+        that class where graphs are recorded (:func:`~trimpass.hf.buckets.kept_classes`), so a new
+        prompt never means a new cache's addresses in a recorded graph."""
         capacity = buckets.capacity_for(prompt + new, self.context, self.device)
         if capacity not in self.caches:
-            while len(self.caches) >= KEEP:  # the oldest class's memory first
+            while len(self.caches) >= buckets.kept_classes(self.device):  # the oldest's first
                 self.caches.pop(next(iter(self.caches)))
             self.caches[capacity] = LoopCache(self.model, capacity, self.slack)
         self.caches[capacity] = self.caches.pop(capacity)  # the most recent last

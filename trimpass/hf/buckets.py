@@ -98,6 +98,13 @@ def padded_rows(n: int, device) -> int:
     return -(-n // PREFILL_ROWS) * PREFILL_ROWS
 
 
+def kept_classes(device) -> int:
+    """How many capacity classes keep their cache allocated on ``device``: every class where
+    graphs are recorded (their addresses are in the recordings), one on the CPU (a new class's
+    cache replaces the last: a 32,768-position fp32 cache of Gemma-3-270M is 1.2 GB)."""
+    return len(CUDA_CLASSES) if torch.device(device).type in PADDED else 1
+
+
 def context_of(model) -> int | None:
     """The model's positions (``max_position_embeddings`` or GPT-2's ``n_positions``), or None
     where its config has none."""
