@@ -93,14 +93,6 @@ class Body:
         self.tell("on_pass", at, ids)
         return self.here(ids.to(self.device))
 
-    def token(self, token: int, at: int):
-        """(h, trimmed logits) of one one-token pass over ``token`` at ``at``."""
-        return self.run(torch.tensor([[token]], device=self.device), at)[1:]
-
-    def rows_of(self, tokens: list[int], at: int) -> torch.Tensor:
-        """Every row's hidden state of one pass over ``tokens`` from ``at`` (a verification)."""
-        return self.run(torch.tensor([tokens], device=self.device), at)[0].clone()
-
     def prefill(self, ids: torch.Tensor):
         """The prompt in passes of up to ``buckets.CHUNK`` tokens, each padded to
         :func:`~trimpass.hf.buckets.padded_rows` (its last id repeated, written past the prompt
