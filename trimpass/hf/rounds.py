@@ -25,13 +25,12 @@ them (:class:`trimpass.hf.fused.FusedLoop`).
 """
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 
 from trimpass.base import softcap
 from trimpass.hf import upcast  # noqa: F401  (registers trimpass::upcast_linear)
+from trimpass.hf.step import own_code
 from trimpass.spec import verify
 from trimpass.spec.verify import race
 
@@ -87,10 +86,8 @@ class Rounds(torch.nn.Module):
         self.head = head
         self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
         self.upcast = False
-        for name in METHODS:  # a code object per instance: Dynamo's recompile limit is per code
-            fn = getattr(Rounds, name)
-            code = types.FunctionType(fn.__code__.replace(), globals(), name, fn.__defaults__)
-            setattr(self, name, types.MethodType(code, self))
+        for name in METHODS:
+            own_code(self, getattr(Rounds, name), name)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         W, b = self.head.weight, getattr(self.head, "bias", None)

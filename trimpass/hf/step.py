@@ -14,6 +14,14 @@ from trimpass.base import softcap
 from trimpass.hf import buckets, decode_attention
 
 
+def own_code(module: torch.nn.Module, fn, name: str) -> None:
+    """Bind ``fn`` (a function of the class) to ``module`` as ``name`` with a code object of its
+    own: Dynamo keeps at most recompile_limit (8) graphs per code object, and each instance
+    compiles its own graphs, so a code object per instance, not per class."""
+    code = types.FunctionType(fn.__code__.replace(), fn.__globals__, name, fn.__defaults__)
+    setattr(module, name, types.MethodType(code, module))
+
+
 class Step(torch.nn.Module):
     """``model``'s body (its own attention, :mod:`trimpass.hf.decode_attention`) and, with
     ``head``, its LM head."""
@@ -27,10 +35,7 @@ class Step(torch.nn.Module):
         self.cap = float(getattr(model.config, "final_logit_softcapping", None) or 0.0)
         context = buckets.context_of(model)
         self.last = (context - 1) if context is not None else (1 << 62)
-        # Dynamo keeps at most recompile_limit (8) graphs per code object, and each step
-        # instance compiles its own (prefill, decode): a code object per step, not per class
-        code = Step.step.__code__.replace()
-        self.forward = types.MethodType(types.FunctionType(code, globals(), "forward"), self)
+        own_code(self, Step.step, "forward")  # each step compiles its own (prefill, decode)
 
     def step(self, ids, cache):
         n = ids.shape[1]
