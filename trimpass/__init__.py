@@ -28,7 +28,7 @@ from trimpass.hf.output_cache import OutputCache
 
 __all__ = ["backend", "trim", "self_drafter", "generate", "warm_up", "TrimConfig", "Escape",
            "TrimpassError", "TrimpassWarning", "explain", "reset", "stats", "observe", "pair",
-           "active_ids", "active_state", "ops", "OutputCache"]
+           "active_ids", "active_state", "ops", "OutputCache", "forget"]
 
 
 def backend(**config) -> TrimBackend:
@@ -189,7 +189,7 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              attention_mask=None, gamma: int | None = None, confidence: float | None = None,
              speculate: bool = True, lookup: bool | int = True, output_cache=None,
-             **config) -> torch.Tensor:
+             suffix: bool | dict = True, tenant: str = "", **config) -> torch.Tensor:
     """Decode with ``model`` drafting for itself in one fused loop; returns prompt + new ids
     ``[1, P + n]``, as ``model.generate`` does. The trimmed head drafts up to ``gamma`` tokens,
     stopping where its confidence drops below ``confidence``; the full head verifies the body's
@@ -205,19 +205,25 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     ``lookup=False`` drafts with the trimmed head alone
     (a dict of :class:`~trimpass.spec.config.LookupConfig`'s fields, or one, sets more). The
     settings are checked once, as a :class:`~trimpass.spec.config.GenerateConfig`.
-    ``output_cache`` (an :class:`OutputCache`; default None, off) adds this model's earlier outputs
-    as lookup sources, and keeps this call's: off by default, since it lets one request's text
-    draft for another.
+    ``suffix`` (default True) adds the suffix index's drafts: the longest earlier occurrence (up to
+    64 tokens) of the text's end, in the text itself and in this model's earlier outputs **of the
+    same** ``tenant`` (default ``""``: a library caller is one tenant), the continuation most of
+    them agree on, priced by the same controller (a dict of
+    :class:`~trimpass.spec.config.SuffixConfig`'s fields sets its byte cap, ``share`` across
+    tenants, ...). This call's output is kept for the tenant's later calls; :func:`forget` drops
+    them. ``output_cache`` (an :class:`OutputCache`, deprecated: the suffix index keeps outputs
+    per tenant) adds its earlier outputs as lookup sources.
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
     from trimpass.hf import buckets, fused, fused_checks
     from trimpass.hf.sampler import Sampler
-    from trimpass.spec.config import GenerateConfig
+    from trimpass.spec.config import GenerateConfig, check_tenant
     fused_checks.check_model(model)
     fused_checks.check_call(input_ids, attention_mask, max_new_tokens)
-    settings = GenerateConfig.of(gamma, confidence, lookup, do_sample=do_sample,
+    settings = GenerateConfig.of(gamma, confidence, lookup, suffix, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p)
+    check_tenant(tenant)
     buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model),
                          input_ids.device)
     fused_checks.check_output_cache(output_cache, settings.lookup_tokens, model)
@@ -227,7 +233,30 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     loop = _fused_loop(model, settings, speculate, config)
     model._trimpass_fused = loop  # the one stats(model) reports
     return loop.generate(input_ids, max_new_tokens, Sampler.of(settings.sampling),
-                         fused.eos_ids(model), output_cache)
+                         fused.eos_ids(model), output_cache, _suffix_store(model, settings.suffix),
+                         tenant)
+
+
+def _suffix_store(model, suffix):
+    """The model's earlier outputs for the suffix index (one store per sharing setting, kept on
+    the model; the latest call's byte cap applies), or None where the index is off."""
+    from trimpass.spec.proposers.suffix import SuffixStore
+    if suffix is None:
+        return None
+    stores = model.__dict__.setdefault("_trimpass_suffix", {})
+    store = stores.setdefault(suffix.share, SuffixStore(suffix.max_bytes, suffix.share))
+    store.max_bytes = suffix.max_bytes
+    return store
+
+
+def forget(model, tenant: str | None = None) -> None:
+    """Drop the earlier outputs :func:`generate` kept for ``tenant`` on ``model`` (None: every
+    tenant's), so that none of them drafts again."""
+    from trimpass.spec.config import check_tenant
+    if tenant is not None:
+        check_tenant(tenant)
+    for store in model.__dict__.get("_trimpass_suffix", {}).values():
+        store.clear(tenant)
 
 
 def _assisted(model, input_ids, max_new_tokens, settings, speculate, output_cache, config):
@@ -293,7 +322,7 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
     does it too); ``warm_up(model, draft)`` with ``draft = self_drafter(model)`` warms Hugging
     Face's assisted generation with that drafter (its first ``generate`` does not: call this)."""
     from trimpass.hf import fused_checks, selfdraft
-    from trimpass.spec.config import GenerateConfig
+    from trimpass.spec.config import GenerateConfig, check_tenant
     fused_checks.check_model(model)
     if draft is not None:
         if gamma is not None or confidence is not None or config or not speculate \

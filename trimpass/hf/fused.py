@@ -39,6 +39,7 @@ from trimpass.spec import verify
 from trimpass.spec.config import BudgetConfig, GenerateConfig
 from trimpass.spec.control.controller import Controller
 from trimpass.spec.proposers.lookup import LookupProposer
+from trimpass.spec.proposers.suffix import SuffixProposer
 
 log = logging.getLogger("trimpass")
 
@@ -55,13 +56,17 @@ class FusedStats(LoopStats):
     lookup_rounds: int = 0  # of rounds, those that verified lookup drafts
     lookup_drafted: int = 0
     lookup_accepted: int = 0
+    suffix_rounds: int = 0  # of rounds, those that verified the suffix index's drafts
+    suffix_drafted: int = 0
+    suffix_accepted: int = 0
     head_upcast: bool = False  # several-row full-head products run upcast (trimpass.hf.upcast)
     body_upcast: int = 0  # the body's linears over several rows that run upcast
 
     def as_dict(self) -> dict:
-        own = dict(rounds=self.rounds - self.lookup_rounds,
-                   drafted=self.drafted - self.lookup_drafted,
-                   accepted=self.accepted - self.lookup_accepted)
+        free = {k: dict(rounds=getattr(self, f"{k}_rounds"), drafted=getattr(self, f"{k}_drafted"),
+                        accepted=getattr(self, f"{k}_accepted")) for k in ("lookup", "suffix")}
+        own = {k: getattr(self, k) - sum(f[k] for f in free.values())
+               for k in ("rounds", "drafted", "accepted")}
         return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
                     accepted=self.accepted, emitted=self.emitted, body_steps=self.body_steps,
                     trimmed_calls=self.trimmed_calls, verifications=self.verifications,
@@ -71,20 +76,17 @@ class FusedStats(LoopStats):
                     body_upcast=self.body_upcast,
                     passes_per_token=(self.body_steps + self.batched_passes)
                     / max(self.emitted, 1),
-                    sources=dict(lookup=dict(rounds=self.lookup_rounds,
-                                             drafted=self.lookup_drafted,
-                                             accepted=self.lookup_accepted), self=own))
+                    sources=dict(**free, self=own))
 
-    def counted(self, k: int, n: int, lookup_round: bool) -> None:
-        """One round of ``k`` drafted tokens of which ``n`` were kept."""
+    def counted(self, k: int, n: int, source: str) -> None:
+        """One round of ``k`` tokens drafted by ``source`` of which ``n`` were kept."""
         self.rounds, self.drafted, self.accepted = self.rounds + 1, self.drafted + k, \
             self.accepted + n
         self.verifications += 1
-        if lookup_round:
-            self.batched_passes, self.lookup_rounds = self.batched_passes + 1, \
-                self.lookup_rounds + 1
-            self.lookup_drafted, self.lookup_accepted = self.lookup_drafted + k, \
-                self.lookup_accepted + n
+        if source != "self":
+            self.batched_passes += 1
+            for name, add in (("rounds", 1), ("drafted", k), ("accepted", n)):
+                setattr(self, f"{source}_{name}", getattr(self, f"{source}_{name}") + add)
         else:
             self.body_steps, self.trimmed_calls = self.body_steps + k, self.trimmed_calls + k
 
@@ -104,9 +106,10 @@ class FusedLoop:
     :class:`~trimpass.hf.body.Body` (compiled step, full head, its own static cache), its round
     graphs (:class:`~trimpass.hf.rounds.Rounds`) over persistent device buffers, its controller
     (the speculation core's, this loop a batch of one) and counters (kept on the model;
-    ``model._trimpass_fused`` is the latest). ``proposer``: the class of the lookup proposer
-    each call builds (this loop a batch of one). ``reads``: device-to-host reads so far."""
-    proposer = LookupProposer
+    ``model._trimpass_fused`` is the latest). ``proposer``, ``suffix_proposer``: the classes of
+    the lookup and suffix-index proposers each call builds (this loop a batch of one). ``reads``:
+    device-to-host reads so far."""
+    proposer, suffix_proposer = LookupProposer, SuffixProposer
 
     def __init__(self, model, config: GenerateConfig, speculate: bool, backend, plain):
         """``backend`` compiles the drafting step (its trimmed head); ``plain`` (the inner
@@ -115,7 +118,8 @@ class FusedLoop:
         self.speculate = speculate and not disabled()
         self.gamma, self.confidence = config.gamma, float(config.confidence)
         self.lookup = config.lookup if self.speculate else None
-        self.lookup_tokens = 0 if self.lookup is None else self.lookup.tokens
+        self.suffix = config.suffix if self.speculate else None
+        self.lookup_tokens = config.free_tokens if self.speculate else 0  # a free draft's most
         self.row_classes = row_classes(self.lookup_tokens) if self.lookup_tokens else ()
         slack = self.row_classes[-1] if self.row_classes else 0
         self.body = Body(model, self.speculate, backend, plain, slack=slack)
@@ -129,8 +133,9 @@ class FusedLoop:
         self.stats = FusedStats(name="fused")
         self.costs = RoundCosts(self.gamma)
         deepest = max(self.gamma, self.lookup_tokens)
-        self.controller = Controller(BudgetConfig(lookup=self.lookup or False).for_engine(deepest),
-                                     deepest, self.costs)
+        free = self.lookup or self.suffix is not None
+        self.controller = Controller(BudgetConfig(lookup=free).for_engine(deepest), deepest,
+                                     self.costs)
         self.warmed, self.reads, self.kinds = False, 0, set()  # kinds: sampling compiled
 
     def warm_up(self) -> float:
@@ -265,39 +270,45 @@ class FusedLoop:
         return self._read(self.graphs["token"](h, b.tok, self.body.cache.pos, b.warp,
                                                advance=advance, **self._flags(sampler)))
 
-    def _next(self, text: list[int], new: list[int], budget: int, sampler, proposer) -> list[int]:
+    def _next(self, text: list[int], new: list[int], budget: int, sampler, proposers) -> list[int]:
         """One round after ``text`` (its last ``new`` tokens emitted last round), as the
-        controller plans it: a lookup round (depth 0) where the lookup draft is priced to emit
-        more tokens per second than a trimmed self-draft of the depth the loop's recent stops
-        chose, else that self-draft; each round is timed for the costs, and every draft offered
-        is priced against what the round emitted."""
+        controller plans it: a free round (depth 0) where the better priced of the lookup and
+        suffix-index drafts is worth more tokens per second than a trimmed self-draft of the
+        depth the loop's recent stops chose, else that self-draft; each round is timed for the
+        costs, and every draft offered is priced against what the round emitted."""
         t0, token, at = time.perf_counter(), text[-1], len(text) - 1
         if not self.speculate:
             return self._plain(sampler, token, at)
-        drafts = proposer.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
-                                  budget - 1) if proposer is not None and budget > 1 else None
-        look = drafts if drafts is not None and drafts.counts[0] else None
+        offered = [p.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
+                           budget - 1) for p in proposers] if budget > 1 else []
+        look = self.controller.choose(*offered)
         k = min(self.costs.depth(self.gamma, self.confidence), budget)
         plan = self.controller.plan(1, self.gamma, look, depths=(k,) if look is None else (0, k))
+        sent = None
         if look is not None and not plan.depth:
+            sent = look.source[0]
             out, n, _, d = self._lookup_round(token, look.row(0), at, sampler)
             self.costs.time("verify_s", time.perf_counter() - t0)
-            self.stats.counted(len(d), n, lookup_round=True)
-            self.controller.offer(0, "lookup", d, len(d), match=look.match[0])
+            self.stats.counted(len(d), n, sent)
         else:
             out, n, stop, d = self._self_round(token, k, at, sampler)
             self.costs.self_round(k, time.perf_counter() - t0)
             self.costs.stopped(stop)
-            self.stats.counted(k, n, lookup_round=False)
+            self.stats.counted(k, n, "self")
             self.controller.offer(0, "self", d, k)
-            if look is not None:
-                self.controller.offer(0, "lookup", look.row(0), 0, match=look.match[0])
+        for free in (f for f in offered if f.counts[0]):
+            source = free.source[0]
+            self.controller.offer(0, source, free.row(0), free.counts[0] * (source == sent),
+                                  match=free.match[0])
         self.controller.observe([0], [out])
         return out
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens, sampler: Sampler | None, eos: set[int],
-                 outputs=None) -> torch.Tensor:
+                 outputs=None, store=None, tenant: str = "") -> torch.Tensor:
+        """Decode one request; ``outputs``: an :class:`~trimpass.hf.output_cache.OutputCache`
+        beside the lookup drafts; ``store``: the suffix index's earlier outputs
+        (:class:`~trimpass.spec.proposers.suffix.SuffixStore`), read and kept under ``tenant``."""
         self.warm_up()
         if sampler is not None and tuple(self._flags(sampler).values()) not in self.kinds:
             stats, self.stats = self.stats, FusedStats(name="fused")
@@ -311,17 +322,22 @@ class FusedLoop:
             self.buf.warp.copy_(sampler.values(self.head.weight.shape[0]))
         text = input_ids[0].tolist()
         text += self._first(self.body.prefill(input_ids.to(self.body.device))[0], sampler)
-        proposer = self.proposer(self.lookup, outputs) if self.lookup_tokens else None
+        proposers = [self.proposer(self.lookup, outputs)] if self.lookup is not None else []
+        suffix = self.suffix_proposer(self.suffix, store, tenant) if self.suffix is not None \
+            else None
+        proposers += [suffix] if suffix is not None else []
         self.controller.forget("lookup")  # the text's repeats are its own; the model's stay
         new = text[P:]
         while len(text) - P < max_new_tokens and text[-1] not in eos:
-            new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposer)
+            new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposers)
             self.body.tell("on_rollback", len(text) + len(new) - 1)
             text += new
         out = through_eos(text[P:], eos)
         self.stats.emitted += len(out)
         if outputs is not None:
             outputs.add(out)
+        if suffix is not None:
+            suffix.finish(0, out)
         tail = torch.tensor([out], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, tail], dim=1)
 

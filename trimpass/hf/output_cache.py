@@ -1,5 +1,7 @@
-"""Earlier outputs of one model as a source of lookup drafts for later requests (suffix decoding's
-global tree, kept as an n-gram index): off unless the user passes an :class:`OutputCache` to
+"""Deprecated (the suffix index keeps earlier outputs per tenant: ``trimpass.generate(...,
+tenant=...)``, :mod:`trimpass.spec.proposers.suffix`). Earlier outputs of one model as a source of
+lookup drafts for later requests (suffix decoding's global tree, kept as an n-gram index): off
+unless the user passes an :class:`OutputCache` to
 :func:`trimpass.generate`, because it makes one request's output visible to the next. It holds at
 most ``max_tokens`` tokens of outputs (the oldest output leaves first), its index at most
 ``2 * ngram`` entries a held token (stale entries are dropped by a rebuild), it refuses a model of
@@ -7,6 +9,7 @@ another vocabulary, and ``clear()`` forgets everything.
 """
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 
 from trimpass.spec.proposers.lookup import NgramIndex
@@ -18,6 +21,9 @@ class OutputCache:
     :class:`~trimpass.spec.proposers.lookup.NgramIndex`); bounded by ``max_tokens``."""
 
     def __init__(self, max_tokens: int = 65536, ngram: int = 4):
+        warnings.warn("trimpass.OutputCache is deprecated: trimpass.generate keeps earlier "
+                      "outputs in its suffix index, per tenant (tenant=...; trimpass.forget "
+                      "drops them)", DeprecationWarning, stacklevel=2)
         for name, value, lo in (("max_tokens", max_tokens, 1), ("ngram", ngram, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"OutputCache: {name} must be an int >= {lo}, got {value!r}")

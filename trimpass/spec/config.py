@@ -83,6 +83,64 @@ class LookupConfig:
                          f"{type(value).__name__}")
 
 
+def check_tenant(tenant) -> None:
+    """A tenant key: a string (the default tenant, a library caller's, is ``""``)."""
+    if not isinstance(tenant, str):
+        raise ValueError(f"tenant: a string naming whose earlier outputs may draft for this "
+                         f"request (\"\": the default tenant), got {type(tenant).__name__}")
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """The suffix index's drafts: after the longest match of up to ``depth`` tokens (at least
+    ``min_match``) in the request's own text or its tenant's earlier outputs, up to ``tokens``
+    tokens (and ``factor`` times the match) that most of the matches continue with, while their
+    estimated probability stays at or above ``min_prob``. Earlier outputs are kept within
+    ``max_bytes`` (the least recently used leave first), per tenant unless ``share``."""
+    tokens: int = LOOKUP_TOKENS
+    depth: int = 64
+    min_match: int = 2
+    factor: float = 1.0
+    min_prob: float = 0.1
+    max_bytes: int = 64 << 20
+    share: bool = False
+
+    def __post_init__(self):
+        positive_int("suffix tokens", self.tokens, "the longest suffix draft", WHOLE)
+        positive_int("suffix depth", self.depth, "the longest match measured, in tokens", WHOLE)
+        positive_int("suffix min_match", self.min_match, "the shortest match that drafts", WHOLE)
+        if self.min_match > self.depth:
+            raise ValueError(f"suffix min_match: at most depth ({self.depth}), got "
+                             f"{self.min_match}")
+        f = self.factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+            raise ValueError(f"suffix factor: draft tokens per matched token, a number > 0, got "
+                             f"{f!r}")
+        probability("suffix min_prob", self.min_prob, "the lowest estimated probability a draft "
+                    "continues at,")
+        positive_int("suffix max_bytes", self.max_bytes, "the byte cap of earlier outputs kept "
+                     "across requests (every tenant's together)")
+        if not isinstance(self.share, bool):
+            raise ValueError(f"suffix share: True (every tenant drafts from every tenant's "
+                             f"outputs) or False, got {self.share!r}")
+
+    @classmethod
+    def of(cls, value) -> SuffixConfig | None:
+        """``True`` (the defaults), ``False``/``None`` (off), a dict of fields or a
+        SuffixConfig."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return from_dict(cls, value, "suffix")
+        raise ValueError(f"suffix: True, False, a dict of "
+                         f"{', '.join(f.name for f in fields(cls))} or a SuffixConfig, got "
+                         f"{type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """``model.generate``'s sampling settings (``do_sample=False``: greedy)."""
@@ -108,11 +166,13 @@ class Sampling:
 @dataclass(frozen=True)
 class GenerateConfig:
     """:func:`trimpass.generate`'s loop: the trimmed head drafts up to ``gamma`` tokens, stopping
-    below ``confidence``; ``lookup`` adds drafts from the text repeating itself (None: off)."""
+    below ``confidence``; ``lookup`` adds drafts from the text repeating itself, ``suffix`` from
+    the suffix index (the text and its tenant's earlier outputs; None: off)."""
     gamma: int = 8  # x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
     confidence: float = 0.4
     lookup: LookupConfig | None = field(default_factory=LookupConfig)
     sampling: Sampling = field(default_factory=Sampling)
+    suffix: SuffixConfig | None = field(default_factory=SuffixConfig)
 
     def __post_init__(self):
         check_schedule(self.gamma, self.confidence)
@@ -122,13 +182,21 @@ class GenerateConfig:
             raise ValueError("lookup tokens: the fused loop needs a number of tokens, got None")
         if not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling: a Sampling, got {type(self.sampling).__name__}")
+        if self.suffix is not None and not isinstance(self.suffix, SuffixConfig):
+            raise ValueError(f"suffix: a SuffixConfig or None, got {type(self.suffix).__name__}")
 
     @property
     def lookup_tokens(self) -> int:
         return 0 if self.lookup is None else self.lookup.tokens
 
+    @property
+    def free_tokens(self) -> int:
+        """The longest free draft (lookup or suffix index) a round verifies."""
+        return max(self.lookup_tokens, 0 if self.suffix is None else self.suffix.tokens)
+
     @classmethod
-    def of(cls, gamma=None, confidence=None, lookup=True, **sampling) -> GenerateConfig:
+    def of(cls, gamma=None, confidence=None, lookup=True, suffix=True,
+           **sampling) -> GenerateConfig:
         """From :func:`trimpass.generate`'s arguments (None: the default)."""
         base, most = cls.__dataclass_fields__, LookupConfig.tokens
         takes = isinstance(lookup, (bool, dict, LookupConfig)) or isinstance(lookup, int) \
@@ -139,7 +207,8 @@ class GenerateConfig:
                              f"proposes, an int in [1, {most}]; got {lookup!r}")
         return cls(gamma=base["gamma"].default if gamma is None else gamma,
                    confidence=base["confidence"].default if confidence is None else confidence,
-                   lookup=LookupConfig.of(lookup), sampling=Sampling(**sampling))
+                   lookup=LookupConfig.of(lookup), sampling=Sampling(**sampling),
+                   suffix=SuffixConfig.of(suffix))
 
 
 def check_schedule(gamma, confidence) -> None:

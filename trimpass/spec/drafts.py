@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-SOURCES = ("none", "lookup", "self")
+SOURCES = ("none", "lookup", "suffix", "self")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 from trimpass.spec.control.calibration import Calibration
 from trimpass.spec.control.dcut import best_rate, tabled
 from trimpass.spec.control.policies import make
-from trimpass.spec.control.prices import MATCH_MAX, PriceRecord, agreement
+from trimpass.spec.control.prices import MATCH_MAX, SUFFIX_ROWS, PriceRecord, agreement
 from trimpass.spec.control.schedule import Probes
 from trimpass.spec.control.timings import bucket
 from trimpass.spec.drafts import Drafts
@@ -72,6 +72,7 @@ class Controller:
         self.policy = make(settings, self.gamma_max)
         self.calibration = Calibration()
         self.prices = {"lookup": PriceRecord(self.gamma_max, MATCH_MAX + 1),
+                       "suffix": PriceRecord(self.gamma_max, SUFFIX_ROWS, scale="log2"),
                        "self": PriceRecord(self.gamma_max)}
         self.schedule = Probes(self.settings["probe"])
         self.counts, self.kept, self.depth = (collections.Counter() for _ in range(3))
@@ -126,9 +127,32 @@ class Controller:
         own[:, :reach] = self.prices["self"].row()[:reach]
         if lookup is None:
             return best_rate(own, cost, draft_s), (False,) * batch
-        theirs = self.prices["lookup"].confidences(lookup.counts, lookup.match, self.gamma_max)
-        _, conf, _, use = merge([[]] * batch, own, lookup, theirs)
+        _, conf, _, use = merge([[]] * batch, own, lookup, self.priced(lookup))
         return best_rate(conf, cost, draft_s), tuple(use)
+
+    def priced(self, drafts: Drafts) -> torch.Tensor:
+        """Confidences [B, gamma_max] of each request's free draft (lookup or suffix index), from
+        its own source's record."""
+        theirs = torch.zeros(len(drafts), self.gamma_max, dtype=torch.float64)
+        for source in set(drafts.source) - {"none", "self"}:
+            rows = [i for i, s in enumerate(drafts.source) if s == source]
+            theirs[rows] = self.prices[source].confidences(
+                [drafts.counts[i] for i in rows], [drafts.match[i] for i in rows],
+                self.gamma_max)
+        return theirs
+
+    def choose(self, *candidates: Drafts | None) -> Drafts | None:
+        """Per request, of free drafts from several sources (each a :class:`Drafts` over the same
+        requests, or None), the one worth more expected tokens by its source's record."""
+        given = [d for d in candidates if d is not None and any(d.counts)]
+        if len(given) < 2:
+            return given[0] if given else None
+        worth = torch.stack([torch.cumprod(self.priced(d), 1).sum(1) for d in given])
+        pick = worth.argmax(0).tolist()
+        chosen = [given[j] for j in pick]
+        return Drafts.of([d.row(i) for i, d in enumerate(chosen)],
+                         [d.source[i] for i, d in enumerate(chosen)],
+                         [d.match[i] for i, d in enumerate(chosen)])
 
     def _scheduled(self, batch: int, deepest: int, plan: Plan, lookup=None) -> Plan:
         """The plan, or a probe the schedule makes of it."""
@@ -147,7 +171,7 @@ class Controller:
         if not skip and lookup is not None and not self.costs.mixes_sources:
             return self._lookup_probe(k, plan, lookup)
         if lookup is not None:
-            self._fresh.discard("lookup")
+            self._fresh -= set(lookup.source)
         if not skip and loss is not None and self.costs.plain_probes and \
                 self.schedule.plain_probe(k):
             self.counts["plain_probes"] += 1  # a plain step's cost, for the cost model to see
@@ -163,10 +187,12 @@ class Controller:
 
     def _lookup_probe(self, k: int, plan: Plan, lookup: Drafts) -> Plan:
         """Lookup drafts passed over run anyway now and then, so that their round stays timed."""
-        record = float(self.prices["lookup"].row(max(lookup.match))[0])
-        fresh = "lookup" in self._fresh  # its record just started over: its first match probes
-        self._fresh.discard("lookup")
-        if not self.schedule.decide(("lookup", k), True, loss=None, plain_s=None,
+        i = max(range(len(lookup)), key=lambda j: lookup.match[j])
+        source = lookup.source[i]
+        record = float(self.prices[source].row(lookup.match[i])[0])
+        fresh = source in self._fresh  # its record just started over: its first match probes
+        self._fresh.discard(source)
+        if not self.schedule.decide((source, k), True, loss=None, plain_s=None,
                                     record=record) and not fresh:
             return plan
         self.counts["lookup_probes"] += 1
@@ -187,8 +213,7 @@ class Controller:
         cal = self.calibration.confidences(raw)
         rows, conf_rows, full, use = list(ids), cal, [d] * B, [False] * B
         if lookup is not None and len(lookup) == B and any(plan.lookup):
-            theirs = self.prices["lookup"].confidences(lookup.counts, lookup.match, self.gamma_max)
-            rows, conf_rows, full, use = merge(rows, cal, lookup, theirs)
+            rows, conf_rows, full, use = merge(rows, cal, lookup, self.priced(lookup))
         n = torch.tensor(full, dtype=torch.long)
         cost = self.costs.verify_cost(B)
         if self.policy.reads_confidence and cost is not None and B and conf_rows.shape[1]:
@@ -208,7 +233,7 @@ class Controller:
             if ids[i]:
                 self.offer(rid, "self", ids[i], 0 if use[i] else len(kept[i]), scores=scores[i])
             if lookup is not None and lookup.counts[i]:
-                self.offer(rid, "lookup", lookup.row(i), len(kept[i]) if use[i] else 0,
+                self.offer(rid, lookup.source[i], lookup.row(i), len(kept[i]) if use[i] else 0,
                            match=lookup.match[i])
 
     def offer(self, rid, source: str, ids, sent: int, *, match: int = 0, scores=None) -> None:
@@ -223,7 +248,7 @@ class Controller:
         other records, the costs and the calibration stay."""
         self._fresh |= set(sources)
         for k, r in [(k, self.prices[k]) for k in sources]:
-            self.prices[k] = PriceRecord(r.gamma, r.rows, r.prior)
+            self.prices[k] = r.clone()
         self._offered.clear()
 
     def observe(self, req_ids, emitted: list[list[int]]) -> None:

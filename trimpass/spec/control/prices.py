@@ -3,7 +3,8 @@ with one cost model. :class:`PriceRecord` keeps, by match length and position, h
 token was reached (every earlier one accepted) and kept (accepted too), and reads
 P(position k accepted | every earlier one was) with a Beta prior until observed. A lookup draft
 (:mod:`trimpass.spec.proposers.lookup`) is priced by the length of the suffix it matched (rows 0 ..
-``match_cap``); a self-draft has one row. Both learn from every draft offered, sent or not: the
+``match_cap``), a suffix-index draft (:mod:`trimpass.spec.proposers.suffix`) by its match's
+power of two (1, 2-3, 4-7 ... 64); a self-draft has one row. Both learn from every draft offered, sent or not: the
 tokens a request emitted are the target's own, so where a draft parts from them the target would
 have rejected it, and where it agrees the target would have kept it (:func:`agreement`)."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from trimpass.spec.config import LookupConfig
 
 MATCH_MAX = LookupConfig.match_cap  # match lengths priced apart (longer ones pool with it)
+SUFFIX_ROWS = 8  # a suffix match's rows: 0, 1, 2-3, ..., 32-63, 64 and more
 
 
 def agreement(drafted, emitted) -> tuple[int, int]:
@@ -33,11 +35,15 @@ class PriceRecord:
     observations as ``prior`` holds pseudo-counts, and that pool's own prior is ``prior``
     (accepted, rejected): so a match length not yet seen starts from what the others did."""
 
-    def __init__(self, gamma: int, rows: int = 1, prior: tuple[float, float] = (1.0, 1.0)):
+    def __init__(self, gamma: int, rows: int = 1, prior: tuple[float, float] = (1.0, 1.0),
+                 scale: str = "linear"):
         if not all(isinstance(p, (int, float)) and math.isfinite(p) and p > 0 for p in prior):
             raise ValueError(f"price prior: two finite pseudo-counts > 0 (accepted, rejected), "
                              f"got {prior!r}")
+        if scale not in ("linear", "log2"):
+            raise ValueError(f"price scale: 'linear' or 'log2', got {scale!r}")
         self.gamma, self.rows, self.prior = int(gamma), int(rows), tuple(map(float, prior))
+        self.scale = scale  # log2: match lengths 1, 2-3, 4-7, ... share a row
         self.reached = np.zeros((self.rows, self.gamma))
         self.kept = np.zeros((self.rows, self.gamma))
 
@@ -49,15 +55,22 @@ class PriceRecord:
         pooled = (others_kept + a) / (others + a + b)
         return (self.kept + (a + b) * pooled) / (self.reached + a + b)
 
+    def rows_of(self, matches) -> np.ndarray:
+        """The row of each match length (lengths past the last row pool with it)."""
+        m = np.asarray(matches, dtype=np.int64)
+        if self.scale == "log2":
+            m = np.floor(np.log2(np.maximum(m, 1))).astype(np.int64) + (m > 0)
+        return np.minimum(m, self.rows - 1)
+
     def row(self, match: int = 0) -> torch.Tensor:
-        """One row's confidences [gamma] (match lengths past the last row pool with it)."""
-        return torch.from_numpy(self.table()[min(int(match), self.rows - 1)].copy())
+        """One row's confidences [gamma]."""
+        return torch.from_numpy(self.table()[int(self.rows_of(match))].copy())
 
     def confidences(self, lengths, matches, width: int) -> torch.Tensor:
         """Confidences [B, width] of drafts of ``lengths`` tokens at ``matches``: zero past each
         draft."""
         lengths = np.minimum(np.asarray(lengths, dtype=np.int64), min(self.gamma, width))
-        match = np.minimum(np.asarray(matches, dtype=np.int64), self.rows - 1)
+        match = self.rows_of(matches)
         conf = np.zeros((len(lengths), width))
         cols = min(width, self.gamma)
         conf[:, :cols] = self.table()[match, :cols]
@@ -67,9 +80,13 @@ class PriceRecord:
     def observe(self, match: int, kept: int, reached: int) -> None:
         """One draft at ``match`` whose first ``reached`` positions are known, the first ``kept``
         of them accepted."""
-        m, reached = min(int(match), self.rows - 1), min(int(reached), self.gamma)
+        m, reached = int(self.rows_of(match)), min(int(reached), self.gamma)
         self.reached[m, :reached] += 1
         self.kept[m, :min(int(kept), reached)] += 1
+
+    def clone(self) -> PriceRecord:
+        """A fresh record of the same shape."""
+        return PriceRecord(self.gamma, self.rows, self.prior, self.scale)
 
     def as_dict(self) -> dict:
         return {"reached": self.reached.sum(axis=1).tolist(),
