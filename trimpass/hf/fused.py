@@ -328,7 +328,7 @@ class FusedLoop:
         proposers += [suffix] if suffix is not None else []
         self.controller.forget("lookup")  # the text's repeats are its own; the model's stay
         new = text[P:]
-        while len(text) - P < max_new_tokens and text[-1] not in eos:
+        while len(text) - P < max_new_tokens and not eos.intersection(new):
             new = self._next(text, new, max_new_tokens - (len(text) - P), sampler, proposers)
             self.body.tell("on_rollback", len(text) + len(new) - 1)
             text += new

@@ -21,7 +21,7 @@ from trimpass.spec.drafts import Drafts
 from trimpass.spec.proposers.arena import Arena, vote
 
 SHARED = "*"  # the one arena's key where tenants share
-HEADROOM = 0.75  # evicting stops once the live texts fit this share of the cap
+HEADROOM = 0.9  # evicting stops once the live texts fit this share of the cap
 
 
 class SuffixStore:
@@ -118,11 +118,10 @@ class SuffixStore:
     def _evict(self, key: str, n: int) -> None:
         """The least recently used outputs dropped until the live texts and ``n`` more tokens fit
         :data:`HEADROOM` of the cap; every arena that lost one compacted."""
-        grown = self._grown(key, n)
-
         def live_bytes():
+            own = self.arenas.get(key)
             return sum(Arena.bytes_for(a.live) for k, a in self.arenas.items() if k != key) + \
-                Arena.bytes_for(grown)
+                Arena.bytes_for((own.live if own is not None else 0) + n + 2)
         touched = set()
         while self.lru and live_bytes() > HEADROOM * self.max_bytes:
             (k, serial), _ = self.lru.popitem(last=False)
