@@ -140,13 +140,18 @@ def test_budget_settings_reach_workers_trimmed_or_not(tmp_path, any_vllm, monkey
     monkeypatch.delenv(tv.ENV, raising=False)
     t, d = _ckpt(tmp_path / "t", 100), _ckpt(tmp_path / "d", 100)
     e1 = _extra(tv.engine_args(t, d, 8, budget="dcut", learn_core=8))
+    from dataclasses import asdict
+
+    from trimpass.spec.config import SuffixConfig
     assert tv.resolve_budget(d, e1) == {"policy": "dcut", "measure_s": 10.0, "probe": 1 / 16,
-                                        "lookup": {"ngram": 4, "tokens": 8}}  # lookup: on
+                                        "lookup": {"ngram": 4, "tokens": 8},  # lookup: on
+                                        "suffix": asdict(SuffixConfig()), "tenant": None}
     assert tv.resolve(d, e1) == {"learn_core": 8}  # the budget is not a trim setting
     e2 = _extra(tv.engine_args(t, d, 8, trim=False, budget={"policy": "fixed", "gamma": 3}))
     assert tv.resolve(d, e2) is None
     assert tv.resolve_budget(d, e2) == {"policy": "fixed", "gamma": 3, "measure_s": 10.0,
-                                        "probe": 1 / 16, "lookup": None}
+                                        "probe": 1 / 16, "lookup": None, "suffix": None,
+                                        "tenant": None}
     assert tv.resolve_budget(d, _extra(tv.engine_args(t, d, 8))) is None
     e4 = _extra(tv.engine_args(t, d, 8, budget="dcut"))
     monkeypatch.setenv("TRIMPASS_DISABLE", "1")

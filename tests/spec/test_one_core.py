@@ -21,12 +21,13 @@ def _imports(path: pathlib.Path) -> set[str]:
     return found
 
 
-def test_both_engines_draft_lookups_with_one_proposer_and_decide_with_one_controller():
+def test_both_engines_draft_with_one_proposer_each_and_decide_with_one_controller():
     from trimpass.hf import fused
-    from trimpass.serving import vllm_state
+    from trimpass.serving import vllm_free, vllm_state
     from trimpass.spec.control import controller
-    from trimpass.spec.proposers import lookup
-    assert fused.LookupProposer is lookup.LookupProposer is vllm_state.LookupProposer
+    from trimpass.spec.proposers import lookup, suffix
+    assert fused.LookupProposer is lookup.LookupProposer is vllm_free.LookupProposer
+    assert fused.SuffixProposer is suffix.SuffixProposer is vllm_free.SuffixProposer
     assert fused.Controller is controller.Controller is vllm_state.Controller
 
 

@@ -281,7 +281,7 @@ class FusedLoop:
             return self._plain(sampler, token, at)
         offered = [p.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
                            budget - 1) for p in proposers] if budget > 1 else []
-        look = self.controller.choose(*offered)
+        look = self.controller.prices.choose(*offered)
         k = min(self.costs.depth(self.gamma, self.confidence), budget)
         plan = self.controller.plan(1, self.gamma, look, depths=(k,) if look is None else (0, k))
         sent = None

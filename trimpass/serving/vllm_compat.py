@@ -100,6 +100,12 @@ SYMBOLS = (
     Symbol(f"{_P}.dummy_run", "patched", ("self", "num_tokens"),
            "the drafter's part of the runner's dummy run",
            "the cost model times the target alone through the runner's dummy run"),
+    Symbol("vllm.v1.engine.input_processor:InputProcessor._validate_params", "patched",
+           ("self", "params"), "checks a request's sampling parameters in the front end (a "
+           "ValueError is the request's 400 error)",
+           "a request's suffix-index tenant (vllm_xargs trimpass_tenant) is checked before the "
+           "engine sees it: a tenant that is not a string, or another tenant than the one a "
+           "server serves alone, is refused by name"),
     Symbol("vllm.v1.worker.worker_base:WorkerBase", "injected", (),
            "trimpass_stats and trimpass_budget methods on every worker, for collective_rpc",
            "LLM.collective_rpc sends a method name; a callable crosses to the engine core only "
@@ -134,7 +140,14 @@ SYMBOLS = (
     *(Symbol(f"{_R}.{a}", "read", meaning=m) for a, m in (
         ("drafter", "the proposer"), ("input_batch", "the persistent batch"),
         ("device", "the runner's device"), ("max_num_tokens", "tokens one step may schedule"),
-        ("compilation_config", "holds static_forward_context: layer name -> layer"))),
+        ("compilation_config", "holds static_forward_context: layer name -> layer"),
+        ("requests", "request id -> its CachedRequestState"))),
+    Symbol("vllm.v1.worker.gpu_input_batch:CachedRequestState.sampling_params", "read", (),
+           "the request's SamplingParams (None for pooling)"),
+    Symbol("vllm.sampling_params:SamplingParams.extra_args", "read", (),
+           "the OpenAI API's vllm_xargs: trimpass_tenant names the request's tenant"),
+    Symbol("vllm.v1.engine.input_processor:InputProcessor.vllm_config", "read", (),
+           "the front end's VllmConfig (additional_config: the budget's tenant setting)"),
     *(Symbol(f"{_IB}.{a}", "read", meaning=m) for a, m in (
         ("req_ids", "request ids by batch row"), ("num_reqs", "live rows"),
         ("num_tokens_no_spec", "each row's tokens, drafts excluded"),
@@ -218,6 +231,7 @@ SYMBOLS = (
 
 PATCHES = tuple(s.place for s in SYMBOLS if s.use == "patched")
 ADDITIONAL_KEY = "trimpass"  # additional_config's key for trimpass's settings
+TENANT_KEY = "trimpass_tenant"  # a request's vllm_xargs key naming its suffix-index tenant
 API_SERVER = "vllm.entrypoints.openai.api_server"  # the OpenAI server's module (python -m)
 
 
@@ -310,10 +324,12 @@ class Drafter:
 
 @dataclasses.dataclass
 class Batch:
-    """The runner's batch: request ids by row, each row's tokens (drafts excluded)."""
+    """The runner's batch: request ids by row, each row's tokens (drafts excluded), each
+    request's tenant (its ``vllm_xargs`` :data:`TENANT_KEY`, as given; "" where none)."""
     req_ids: list
     lengths: list
     array: object  # [rows, max_len] numpy array of tokens
+    tenants: list = dataclasses.field(default_factory=list)
 
     def tokens(self, i: int, a: int, b: int):
         return self.array[i, a:b].copy()
@@ -369,8 +385,18 @@ def drafter(proposer, target_model) -> Drafter:
 def batch(runner) -> Batch:
     ib = runner.input_batch
     n = ib.num_reqs
-    return Batch(list(ib.req_ids[:n]), [int(ib.num_tokens_no_spec[i]) for i in range(n)],
-                 ib.token_ids_cpu)
+    ids, states = list(ib.req_ids[:n]), getattr(runner, "requests", {})  # stand-ins have none
+    return Batch(ids, [int(ib.num_tokens_no_spec[i]) for i in range(n)], ib.token_ids_cpu,
+                 [tenant_of(states.get(r)) for r in ids])
+
+
+def extra_args(params) -> dict:
+    """A request's ``extra_args`` (the OpenAI API's ``vllm_xargs``), {} where none."""
+    return getattr(params, "extra_args", None) or {}
+
+
+def tenant_of(state) -> object:
+    return extra_args(getattr(state, "sampling_params", None)).get(TENANT_KEY, "")
 
 
 def step(scheduler_output) -> Step:
@@ -567,6 +593,15 @@ def _sample(hooks, original):
     return wrapper
 
 
+def _validate(hooks, original):
+    def wrapper(self, params, *args, **kwargs):
+        extra = self.vllm_config.additional_config
+        extra = extra.get(ADDITIONAL_KEY) if isinstance(extra, dict) else None
+        hooks.request(extra, extra_args(params))
+        return original(self, params, *args, **kwargs)
+    return wrapper
+
+
 def _dummy_run(hooks, original):
     def wrapper(self, *args, **kwargs):
         st = hooks.state(self)
@@ -577,7 +612,7 @@ def _dummy_run(hooks, original):
 
 
 WRAPPERS = (_engine_config, _load_model, _init_kv, _execute, _prepare_inputs, _propose_draft,
-            _propose, _first_pass, _sample, _dummy_run)  # one per patched symbol, in its order
+            _propose, _first_pass, _sample, _dummy_run, _validate)  # one per patched symbol, in its order
 
 
 def install(hooks, places=PATCHES) -> None:

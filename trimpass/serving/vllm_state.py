@@ -22,10 +22,9 @@ from trimpass.serving import vllm_kv
 from trimpass.serving import vllm_settings as front
 from trimpass.serving.vllm_check import CheckedTrimmer
 from trimpass.serving.vllm_trim import Trimmer
-from trimpass.spec.config import LookupConfig
-from trimpass.spec.control.controller import Controller
+from trimpass.serving.vllm_free import FreeDrafts
+from trimpass.spec.control.controller import Controller, takes_free
 from trimpass.spec.control.costs import ChainCosts
-from trimpass.spec.proposers.lookup import LookupProposer
 
 _drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _process = {"proposals": 0, "propose_s": 0.0}  # in this process, trimmed or not (benchmarks)
@@ -42,7 +41,8 @@ class Proposer:
     next proposal)."""
 
     def __init__(self, trimmer: Trimmer | None, controller: Controller | None,
-                 self_drafting: bool, *, plain, model_key: str = "", max_seqs: int = 1):
+                 self_drafting: bool, *, plain, model_key: str = "", max_seqs: int = 1,
+                 audit: bool = False):
         self.trimmer, self.controller, self.self_drafting = trimmer, controller, self_drafting
         self.plain = plain  # hidden states -> the drafter's plain logits
         self.model_key, self.max_seqs = model_key, max_seqs
@@ -55,7 +55,7 @@ class Proposer:
         self.budget_s = 0.0  # seconds of the controller's own work (and its lookups'), on the host
         self.requests: dict = {}  # request id -> the engine step it was bound at
         self.steps = 0
-        self.lookups: LookupProposer | None = None  # the requests' lookup indexes, once drafted
+        self.free = FreeDrafts(audit)  # lookup and suffix indexes (audit: ids offered, tests)
         self.confidences: list = []  # this proposal's drafted tokens' confidences, on the device
 
     # ---- engine steps --------------------------------------------------------------------------
@@ -77,6 +77,7 @@ class Proposer:
         self.steps += 1
         for rid in step.finished:
             self.requests.pop(rid, None)
+            self.free.finish(rid)
         for rid in step.new:
             if rid in self.requests:
                 raise TrimpassError(f"trimpass: request id {rid!r} is live (bound at engine step "
@@ -86,8 +87,7 @@ class Proposer:
         keep = [r for r in step.scheduled if r not in step.resumed]
         if self.trimmer is not None:
             self.trimmer.settle(keep)
-        if self.lookups is not None:
-            self.lookups.keep_only(keep)
+        self.free.keep_only(keep)
 
     def step(self, step, run, *, verify, device, max_tokens: int):
         """One engine step; ``run()`` runs the target's forward, ``verify(n)`` a dummy forward of
@@ -131,19 +131,22 @@ class Proposer:
         t0 = time.perf_counter()
         ids = emitted()
         c.observe(batch.req_ids, ids)
-        lookup = self._lookups(batch, ids, gamma) if greedy and c.settings["lookup"] else None
+        offered = self.free.draft(c.settings, batch, ids, gamma) if greedy and takes_free(c.settings) \
+            else []
+        lookup = c.prices.choose(*offered)
         plan = c.plan(len(batch.req_ids), gamma, lookup)
         self.budget_s += time.perf_counter() - t0
         if plan.depth is None:
             self.skipped_whole += 1
-            return self._cut(plan, batch, lookup=lookup)
+            return self._cut(plan, batch, lookup=lookup, offered=offered)
         self.confidences = []
         drafts, seconds = timed(self._run, batch, ids, lambda: run(plan.depth), device=device)
         c.costs.timings.drafting(seconds)  # the drafter's, not the step's overhead
         if plan.depth and tokens <= len(batch.req_ids) * (1 + c.gamma_max):  # not a prefill's
             c.costs.drafted(len(batch.req_ids), plan.depth, seconds)
         conf = torch.stack(self.confidences, dim=1) if self.confidences else None
-        return self._cut(plan, batch, drafts, conf, lookup=lookup, seconds=seconds)
+        return self._cut(plan, batch, drafts, conf, lookup=lookup, seconds=seconds,
+                         offered=offered)
 
     def _run(self, batch, emitted, run):
         if self.trimmer is None:
@@ -154,22 +157,21 @@ class Proposer:
         finally:
             self.trimmer.end()
 
-    def _cut(self, plan, batch, drafts=None, conf=None, **kw):
+    def _cut(self, plan, batch, drafts=None, conf=None, offered=(), **kw):
         if drafts is not None and not (isinstance(drafts, torch.Tensor) and drafts.dim() == 2):
             self.controller.counts["unbudgeted"] += 1  # a route's drafts of another shape: as is
             return drafts
         t0 = time.perf_counter()
         try:
-            return self.controller.cut(plan, batch.req_ids, drafts, conf, **kw)
+            out = self.controller.cut(plan, batch.req_ids, drafts, conf, **kw)
+            chosen = kw.get("lookup")
+            for d in offered:  # the free drafts not chosen, priced against what comes
+                for i, rid in enumerate(batch.req_ids):
+                    if d.counts[i] and (chosen is None or chosen.source[i] != d.source[i]):
+                        self.controller.offer(rid, d.source[i], d.row(i), 0, match=d.match[i])
+            return out
         finally:
             self.budget_s += time.perf_counter() - t0
-
-    def _lookups(self, batch, emitted: list, gamma: int):
-        settings = self.controller.settings["lookup"]
-        lk, want = self.lookups, (settings["tokens"], settings["ngram"])
-        if lk is None or (lk.config.tokens, lk.config.ngram) != want:
-            lk = self.lookups = LookupProposer(LookupConfig(tokens=want[0], ngram=want[1]))
-        return lk.draft(batch.req_ids, batch.lengths, batch.tokens, emitted, gamma)
 
     def logits(self, h):
         """The drafter's logits for ``h`` and each row's softmax maximum (or None)."""
@@ -192,8 +194,7 @@ class Proposer:
     def stats(self) -> dict:
         out = {**_process, "plain_steps": self.plain_steps, "skipped_whole": self.skipped_whole,
                "budget_s": self.budget_s, "requests_live": len(self.requests)}
-        if self.lookups is not None:
-            out["lookup_live"] = len(self.lookups)
+        out.update(self.free.stats())
         if self.cache_shared:
             out["shared_cache"] = {k: self.shared[k] for k in ("first_pass_rows",
                                                                "cache_unused_bytes")}
@@ -213,6 +214,25 @@ class Hooks:
 
     def __init__(self, startup, self_drafting_ok: bool = True):
         self.startup, self.self_drafting_ok = startup, self_drafting_ok
+
+    def request(self, additional, extra: dict) -> None:
+        """A request's ``vllm_xargs`` checked in the front end: its ``trimpass_tenant`` a string,
+        and the server's own where the budget serves one tenant without sharing."""
+        if compat.TENANT_KEY not in extra:
+            return
+        tenant, key = extra[compat.TENANT_KEY], f"vllm_xargs {compat.TENANT_KEY}"
+        if not isinstance(tenant, str):
+            raise ValueError(f"{key}: a string naming the request's tenant (whose earlier "
+                             f"outputs draft for it), got {type(tenant).__name__}")
+        budget = front.resolve_budget(None, additional) if additional is not None else None
+        if not isinstance(budget, dict) or budget.get("tenant") is None:
+            return
+        suffix = budget.get("suffix")
+        shared = isinstance(suffix, dict) and suffix.get("share") is True
+        if tenant != budget["tenant"] and not shared:
+            raise ValueError(f"{key}: this server serves tenant {budget['tenant']!r} alone and "
+                             f"shares no suffix index across tenants; a request may not name "
+                             f"another tenant's ({tenant!r}); leave it out")
 
     def state(self, proposer) -> Proposer | None:
         try:
@@ -259,7 +279,8 @@ class Hooks:
                                 ChainCosts(checked.get("table"), shares_cache=self_drafting))
         _drafters[proposer] = Proposer(trimmer, runner, self_drafting,
                                            plain=drafter.head.plain, model_key=drafter.model_key,
-                                           max_seqs=drafter.max_num_seqs)
+                                           max_seqs=drafter.max_num_seqs,
+                                           audit=bool((settings or {}).get("check")))
 
     def proposed(self, seconds: float) -> None:
         _process["proposals"] += 1

@@ -8,7 +8,7 @@ engine (a draft length against ``num_speculative_tokens``) run where the config 
 before it starts (:meth:`BudgetConfig.for_engine`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 # policy name -> whether it prices drafts by calibrated confidence (what prices a lookup draft)
 POLICIES = {"dcut": True, "all-or-nothing": True, "fixed": False, "none": False, "off": False}
@@ -234,9 +234,13 @@ class SelfDraftConfig:
 class BudgetConfig:
     """The vLLM adapter's verification budget: ``policy`` (:data:`POLICIES`), the ``fixed``
     policy's ``gamma``, D-Cut's ``buckets``, the start-up measurement's ``measure_s``, a measured
-    cost ``table`` (a ``CostTable.to_dict()``, read by the budget), the ``probe`` share, and
+    cost ``table`` (a ``CostTable.to_dict()``, read by the budget), the ``probe`` share,
     ``lookup`` drafts (``"auto"``, the default: on where the policy prices drafts; their tokens
-    default to the engine's draft length)."""
+    default to the engine's draft length), the ``suffix`` index's (``"auto"`` likewise), and whose
+    earlier outputs a request drafts from: ``tenant`` None (each request's own, its
+    ``vllm_xargs`` ``trimpass_tenant``; none given: the default tenant ``""``) or a string (the
+    server serves that one tenant; a request naming another is refused unless ``suffix`` shares
+    across tenants)."""
     policy: str = "dcut"
     gamma: int | None = None
     buckets: tuple | None = None
@@ -244,6 +248,8 @@ class BudgetConfig:
     table: dict | None = None
     probe: float = PROBE
     lookup: LookupConfig | bool | dict | str | None = "auto"
+    suffix: SuffixConfig | bool | dict | str | None = "auto"
+    tenant: str | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -264,6 +270,9 @@ class BudgetConfig:
         probability("budget probe", self.probe, "the share of skipped seconds probes may spend,",
                     lo_open=True, hi_open=False)
         object.__setattr__(self, "lookup", self._lookup())
+        object.__setattr__(self, "suffix", self._suffix())
+        if self.tenant is not None:
+            check_tenant(self.tenant)
 
     def _lookup(self) -> LookupConfig | None:
         value = self.lookup
@@ -280,6 +289,17 @@ class BudgetConfig:
         if out is not None and not POLICIES[self.policy]:
             raise ValueError(f"budget lookup: the {self.policy!r} policy does not price drafts; "
                              "lookup drafts need dcut or all-or-nothing (or set lookup to false)")
+        return out
+
+    def _suffix(self) -> SuffixConfig | None:
+        value = POLICIES[self.policy] if self.suffix == "auto" else self.suffix
+        try:
+            out = SuffixConfig.of(value)
+        except ValueError as e:
+            raise ValueError(f"budget {e}") from None
+        if out is not None and not POLICIES[self.policy]:
+            raise ValueError(f"budget suffix: the {self.policy!r} policy does not price drafts; "
+                             "suffix drafts need dcut or all-or-nothing (or set suffix to false)")
         return out
 
     @classmethod
@@ -305,5 +325,7 @@ class BudgetConfig:
                                  f"{look.tokens!r}")
         given = {k: v for k, v in (("gamma", self.gamma), ("buckets", self.buckets),
                                    ("table", self.table)) if v is not None}
+        suffix = None if self.suffix is None else asdict(self.suffix)
         return dict(policy=self.policy, **given, measure_s=self.measure_s, probe=self.probe,
-                    lookup=None if look is None else {"ngram": look.ngram, "tokens": look.tokens})
+                    lookup=None if look is None else {"ngram": look.ngram, "tokens": look.tokens},
+                    suffix=suffix, tenant=self.tenant)

@@ -22,7 +22,7 @@ import torch
 from trimpass.spec.control.calibration import Calibration
 from trimpass.spec.control.dcut import best_rate, tabled
 from trimpass.spec.control.policies import make
-from trimpass.spec.control.prices import MATCH_MAX, SUFFIX_ROWS, PriceRecord, agreement
+from trimpass.spec.control.prices import Sources, agreement
 from trimpass.spec.control.schedule import Probes
 from trimpass.spec.control.timings import bucket
 from trimpass.spec.drafts import Drafts
@@ -41,6 +41,23 @@ def merge(rows: list, cal: torch.Tensor, lookup: Drafts, theirs: torch.Tensor):
     for i in (i for i in range(B) if use[i]):
         rows[i], full[i], conf[i] = lookup.row(i), lookup.counts[i], theirs[i]
     return rows, conf, full, use
+
+
+def takes_free(settings: dict) -> bool:
+    """Whether the settings price free drafts (lookup, the suffix index) at all."""
+    return bool(settings["lookup"] or settings.get("suffix"))
+
+
+def free_on(settings: dict, drafts: Drafts | None) -> Drafts | None:
+    """Of free drafts, the rows whose source the settings turn on (None where no row drafts)."""
+    if drafts is None:
+        return None
+    rows = [drafts.row(i) if settings.get(s) else [] for i, s in enumerate(drafts.source)]
+    if not any(rows):
+        return None
+    if all(bool(r) == bool(c) for r, c in zip(rows, drafts.counts, strict=True)):
+        return drafts
+    return Drafts.of(rows, list(drafts.source), list(drafts.match))
 
 
 def _nothing(batch: int, shares_cache: bool) -> Plan:
@@ -71,9 +88,7 @@ class Controller:
         self.gamma_max, self.costs = int(gamma_max), costs
         self.policy = make(settings, self.gamma_max)
         self.calibration = Calibration()
-        self.prices = {"lookup": PriceRecord(self.gamma_max, MATCH_MAX + 1),
-                       "suffix": PriceRecord(self.gamma_max, SUFFIX_ROWS, scale="log2"),
-                       "self": PriceRecord(self.gamma_max)}
+        self.prices = Sources(self.gamma_max)
         self.schedule = Probes(self.settings["probe"])
         self.counts, self.kept, self.depth = (collections.Counter() for _ in range(3))
         self._offered: dict = {}  # request id -> [(source, match, ids, raw scores, sent)]
@@ -82,6 +97,7 @@ class Controller:
     @property
     def settings(self) -> dict:
         return self.policy.settings
+
 
     def set(self, settings: dict) -> None:
         """A new policy; its counters start from zero, the records, costs and calibration stay."""
@@ -96,8 +112,8 @@ class Controller:
         """The decision for a proposal of ``batch`` requests asking for up to ``gamma`` tokens,
         with each request's ``lookup`` draft (priced where the settings turn lookup on), over the
         policy's depths (of ``depths`` only, where the engine can run no others)."""
-        lookup = lookup if self.settings["lookup"] and lookup is not None and \
-            len(lookup) == batch and any(lookup.counts) else None
+        lookup = free_on(self.settings, lookup) if lookup is not None and \
+            len(lookup) == batch else None
         depths = [d for d in self.policy.depths(gamma)
                   if d <= gamma and (depths is None or d in depths)]
         if not batch or not gamma or not depths:
@@ -127,32 +143,8 @@ class Controller:
         own[:, :reach] = self.prices["self"].row()[:reach]
         if lookup is None:
             return best_rate(own, cost, draft_s), (False,) * batch
-        _, conf, _, use = merge([[]] * batch, own, lookup, self.priced(lookup))
+        _, conf, _, use = merge([[]] * batch, own, lookup, self.prices.priced(lookup))
         return best_rate(conf, cost, draft_s), tuple(use)
-
-    def priced(self, drafts: Drafts) -> torch.Tensor:
-        """Confidences [B, gamma_max] of each request's free draft (lookup or suffix index), from
-        its own source's record."""
-        theirs = torch.zeros(len(drafts), self.gamma_max, dtype=torch.float64)
-        for source in set(drafts.source) - {"none", "self"}:
-            rows = [i for i, s in enumerate(drafts.source) if s == source]
-            theirs[rows] = self.prices[source].confidences(
-                [drafts.counts[i] for i in rows], [drafts.match[i] for i in rows],
-                self.gamma_max)
-        return theirs
-
-    def choose(self, *candidates: Drafts | None) -> Drafts | None:
-        """Per request, of free drafts from several sources (each a :class:`Drafts` over the same
-        requests, or None), the one worth more expected tokens by its source's record."""
-        given = [d for d in candidates if d is not None and any(d.counts)]
-        if len(given) < 2:
-            return given[0] if given else None
-        worth = torch.stack([torch.cumprod(self.priced(d), 1).sum(1) for d in given])
-        pick = worth.argmax(0).tolist()
-        chosen = [given[j] for j in pick]
-        return Drafts.of([d.row(i) for i, d in enumerate(chosen)],
-                         [d.source[i] for i, d in enumerate(chosen)],
-                         [d.match[i] for i, d in enumerate(chosen)])
 
     def _scheduled(self, batch: int, deepest: int, plan: Plan, lookup=None) -> Plan:
         """The plan, or a probe the schedule makes of it."""
@@ -205,7 +197,7 @@ class Controller:
         d], raw, read here once) and of the ``lookup`` drafts the plan allows, the source worth
         more expected tokens, cut by the policy; ``seconds``: the drafting's."""
         B = len(req_ids)
-        lookup = lookup if self.settings["lookup"] else None
+        lookup = free_on(self.settings, lookup)
         ids = [[] for _ in range(B)] if draft is None else draft.tolist()
         d = len(ids[0]) if ids else 0
         raw = torch.zeros(B, d, dtype=torch.float64) if conf is None or not d else \
@@ -213,7 +205,7 @@ class Controller:
         cal = self.calibration.confidences(raw)
         rows, conf_rows, full, use = list(ids), cal, [d] * B, [False] * B
         if lookup is not None and len(lookup) == B and any(plan.lookup):
-            rows, conf_rows, full, use = merge(rows, cal, lookup, self.priced(lookup))
+            rows, conf_rows, full, use = merge(rows, cal, lookup, self.prices.priced(lookup))
         n = torch.tensor(full, dtype=torch.long)
         cost = self.costs.verify_cost(B)
         if self.policy.reads_confidence and cost is not None and B and conf_rows.shape[1]:
@@ -247,8 +239,7 @@ class Controller:
         its own): where the next plan with such a draft passes it over, it runs as a probe; the
         other records, the costs and the calibration stay."""
         self._fresh |= set(sources)
-        for k, r in [(k, self.prices[k]) for k in sources]:
-            self.prices[k] = r.clone()
+        self.prices.forget(*sources)
         self._offered.clear()
 
     def observe(self, req_ids, emitted: list[list[int]]) -> None:

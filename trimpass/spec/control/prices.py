@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from trimpass.spec.config import LookupConfig
+from trimpass.spec.drafts import Drafts
 
 MATCH_MAX = LookupConfig.match_cap  # match lengths priced apart (longer ones pool with it)
 SUFFIX_ROWS = 8  # a suffix match's rows: 0, 1, 2-3, ..., 32-63, 64 and more
@@ -91,3 +92,47 @@ class PriceRecord:
     def as_dict(self) -> dict:
         return {"reached": self.reached.sum(axis=1).tolist(),
                 "accept_first": self.table()[:, 0].round(3).tolist()}
+
+
+class Sources:
+    """The price record of every source (``lookup``, ``suffix``, ``self``) of one drafter, up to
+    ``gamma`` positions; ``sources[name]`` is one."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+        self.records = {"lookup": PriceRecord(gamma, MATCH_MAX + 1),
+                        "suffix": PriceRecord(gamma, SUFFIX_ROWS, scale="log2"),
+                        "self": PriceRecord(gamma)}
+
+    def __getitem__(self, source: str) -> PriceRecord:
+        return self.records[source]
+
+    def items(self):
+        return self.records.items()
+
+    def forget(self, *sources: str) -> None:
+        """Start the records of ``sources`` over."""
+        for k in sources:
+            self.records[k] = self.records[k].clone()
+
+    def priced(self, drafts: Drafts) -> torch.Tensor:
+        """Confidences [B, gamma] of each request's free draft (lookup or suffix index), from
+        its own source's record."""
+        theirs = torch.zeros(len(drafts), self.gamma, dtype=torch.float64)
+        for source in set(drafts.source) - {"none", "self"}:
+            rows = [i for i, s in enumerate(drafts.source) if s == source]
+            theirs[rows] = self.records[source].confidences(
+                [drafts.counts[i] for i in rows], [drafts.match[i] for i in rows], self.gamma)
+        return theirs
+
+    def choose(self, *candidates: Drafts | None) -> Drafts | None:
+        """Per request, of free drafts from several sources (each a :class:`Drafts` over the same
+        requests, or None), the one worth more expected tokens by its source's record."""
+        given = [d for d in candidates if d is not None and any(d.counts)]
+        if len(given) < 2:
+            return given[0] if given else None
+        worth = torch.stack([torch.cumprod(self.priced(d), 1).sum(1) for d in given])
+        chosen = [given[j] for j in worth.argmax(0).tolist()]
+        return Drafts.of([d.row(i) for i, d in enumerate(chosen)],
+                         [d.source[i] for i, d in enumerate(chosen)],
+                         [d.match[i] for i, d in enumerate(chosen)])
