@@ -134,6 +134,9 @@ SYMBOLS = (
     Symbol("vllm.model_executor.models.interfaces:supports_eagle3", "called", ("model",),
            "whether a model class gives EAGLE-3 drafters its layers' hidden states", ""),
     Symbol("vllm.logger:init_logger", "called", ("name",), "vLLM's logger", "workers log there"),
+    Symbol("vllm.exceptions:VLLMValidationError", "called", (),
+           "a request's validation failure: the OpenAI server answers it with a 400 naming it",
+           "a plain ValueError raised while a request is added becomes a 500 with no message"),
     Symbol("vllm.entrypoints.llm:LLM.collective_rpc", "called", ("self", "method"),
            "runs a worker method on every worker", "stats(llm) and set_budget(llm, ...)"),
     # ---- read or written ---------------------------------------------------------------------
@@ -597,7 +600,11 @@ def _validate(hooks, original):
     def wrapper(self, params, *args, **kwargs):
         extra = self.vllm_config.additional_config
         extra = extra.get(ADDITIONAL_KEY) if isinstance(extra, dict) else None
-        hooks.request(extra, extra_args(params))
+        try:
+            hooks.request(extra, extra_args(params))
+        except ValueError as e:
+            from vllm.exceptions import VLLMValidationError
+            raise VLLMValidationError(str(e), parameter="vllm_xargs") from None
         return original(self, params, *args, **kwargs)
     return wrapper
 

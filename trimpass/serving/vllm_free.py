@@ -58,8 +58,12 @@ class FreeDrafts:
             if free is not None:
                 free.keep_only(req_ids)
 
-    def stats(self) -> dict:
-        out = {}
+    def stats(self, counts=None) -> dict:
+        """Live indexes, the store's bytes, outputs, evictions and tenants; with the controller's
+        ``counts``, each free source's tokens sent and accepted."""
+        out = {} if counts is None else {f"{k}_{n}": counts.get(f"{k}_{n}", 0)
+                                         for k in ("lookup", "suffix") for n in ("sent",
+                                                                                 "accepted")}
         if self.lookups is not None:
             out["lookup_live"] = len(self.lookups)
         if self.suffixes is not None:

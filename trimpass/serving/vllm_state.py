@@ -56,6 +56,9 @@ class Proposer:
         self.requests: dict = {}  # request id -> the engine step it was bound at
         self.steps = 0
         self.free = FreeDrafts(audit)  # lookup and suffix indexes (audit: ids offered, tests)
+        if trimmer is not None:  # in the worker's stats file too
+            trimmer.beside = lambda: self.free.stats(None if controller is None else
+                                                     controller.counts)
         self.confidences: list = []  # this proposal's drafted tokens' confidences, on the device
 
     # ---- engine steps --------------------------------------------------------------------------
@@ -194,7 +197,7 @@ class Proposer:
     def stats(self) -> dict:
         out = {**_process, "plain_steps": self.plain_steps, "skipped_whole": self.skipped_whole,
                "budget_s": self.budget_s, "requests_live": len(self.requests)}
-        out.update(self.free.stats())
+        out.update(self.free.stats(None if self.controller is None else self.controller.counts))
         if self.cache_shared:
             out["shared_cache"] = {k: self.shared[k] for k in ("first_pass_rows",
                                                                "cache_unused_bytes")}

@@ -40,6 +40,7 @@ class Trimmer:
         settings.pop("check", None)
         self.log_interval = float(settings.pop("log_interval", 60))
         self.report = Report(settings.pop("stats_dir", None), drafter.rank)
+        self.beside = None  # () -> the counters of what drafts beside the trimmed head
         seqs = drafter.max_num_seqs
         rows = settings.get("max_rows")
         if rows is not None and rows < seqs:
@@ -143,4 +144,5 @@ class Trimmer:
                 "rows": self.rows.live, "active_sum": self.active_sum,
                 "row_calls": self.row_calls, "union_sum": self.union_sum,
                 "bytes_per_row": self.state.bytes_per_row() if self.state else 0,
-                "rows_s": self.rows_s, "head_s": self.head_s, **memory(self)}
+                "rows_s": self.rows_s, "head_s": self.head_s, **memory(self),
+                **(self.beside() if self.beside is not None else {})}

@@ -100,6 +100,7 @@ class Req:
     stream: bool = False
     abort_after: int | None = None  # chunks read before the client disconnects
     bad: str | None = None  # one of BAD_KINDS
+    xargs: dict | None = None  # the OpenAI API's vllm_xargs (e.g. the request's tenant)
 
 
 @dataclass
@@ -166,6 +167,8 @@ def _body(model: str, r: Req) -> dict:
          "ignore_eos": True}
     if r.temperature > 0:
         b["seed"] = 1000 + r.i
+    if r.xargs is not None:
+        b["vllm_xargs"] = r.xargs
     return b
 
 
