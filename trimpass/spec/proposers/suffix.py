@@ -21,7 +21,7 @@ from trimpass.spec.drafts import Drafts
 from trimpass.spec.proposers.arena import Arena, vote
 
 SHARED = "*"  # the one arena's key where tenants share
-HEADROOM = 0.9  # evicting stops once the live texts fit this share of the cap
+HEADROOM = 0.75  # evicting stops once the live texts fit this share of the cap
 
 
 class SuffixStore:
