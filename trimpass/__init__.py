@@ -234,7 +234,7 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     model._trimpass_fused = loop  # the one stats(model) reports
     return loop.generate(input_ids, max_new_tokens, Sampler.of(settings.sampling),
                          fused.eos_ids(model), output_cache, _suffix_store(model, settings.suffix),
-                         tenant)
+                         tenant, settings.suffix)
 
 
 def _suffix_store(model, suffix):
@@ -301,7 +301,8 @@ def _fused_loop(model, settings, speculate, config):
 
     from trimpass.hf import fused
     from trimpass.spec.config import Sampling
-    key = (replace(settings, sampling=Sampling()), bool(speculate), repr(sorted(config.items())))
+    key = (replace(settings, sampling=Sampling(), suffix=None), settings.free_tokens,
+           settings.suffix is None, bool(speculate), repr(sorted(config.items())))  # the graphs
     loops = model.__dict__.setdefault("_trimpass_loops", {})
     if key not in loops:  # each setting compiles its own step once, kept for its next call
         be = make_backend(**config)

@@ -305,10 +305,11 @@ class FusedLoop:
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens, sampler: Sampler | None, eos: set[int],
-                 outputs=None, store=None, tenant: str = "") -> torch.Tensor:
+                 outputs=None, store=None, tenant: str = "", suffix=None) -> torch.Tensor:
         """Decode one request; ``outputs``: an :class:`~trimpass.hf.output_cache.OutputCache`
         beside the lookup drafts; ``store``: the suffix index's earlier outputs
-        (:class:`~trimpass.spec.proposers.suffix.SuffixStore`), read and kept under ``tenant``."""
+        (:class:`~trimpass.spec.proposers.suffix.SuffixStore`), read and kept under ``tenant``;
+        ``suffix``: this call's suffix-index settings (None: the loop's)."""
         self.warm_up()
         if sampler is not None and tuple(self._flags(sampler).values()) not in self.kinds:
             stats, self.stats = self.stats, FusedStats(name="fused")
@@ -323,8 +324,8 @@ class FusedLoop:
         text = input_ids[0].tolist()
         text += self._first(self.body.prefill(input_ids.to(self.body.device))[0], sampler)
         proposers = [self.proposer(self.lookup, outputs)] if self.lookup is not None else []
-        suffix = self.suffix_proposer(self.suffix, store, tenant) if self.suffix is not None \
-            else None
+        suffix = suffix or self.suffix
+        suffix = self.suffix_proposer(suffix, store, tenant) if self.suffix is not None else None
         proposers += [suffix] if suffix is not None else []
         self.controller.forget("lookup")  # the text's repeats are its own; the model's stay
         new = text[P:]
