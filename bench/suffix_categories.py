@@ -10,7 +10,8 @@ drafts from its own earlier pass. Categories, all held out of training and tunin
 by kind (``writing``, ``roleplay``, ``qa``, ``code``, ``math``), ``completion`` (a stdlib
 function's start, to continue), ``extraction`` and ``summary`` (a ``pydoc_data.topics`` entry).
 The ``repeated`` stream: ShareGPT conversations of three turns each (the question, "shorter", the
-question asked again), the model's replies in the history, one tenant throughout. Warm-up on other
+question asked again), the model's replies in the history, one tenant throughout, every route on
+each turn in turn. Warm-up on other
 prompts; graphs compiled while timed are reported; every output is checked against plain greedy.
 
     python bench/suffix_categories.py --dtype fp32 --runs 2
@@ -202,17 +203,14 @@ def routes_copy(rs):
 
 
 def stream_routes(rs, tok, questions, cap: int) -> None:
-    """Each route's stream on its own (its replies in its history), plain's timed beside it."""
-    plain, others = rs[0], rs[1:]
+    """The repeated-work stream: each turn runs every route in turn on one history, the plain
+    target's replies in it (every route's reply is checked against the plain one)."""
     for q in questions:
-        history = {r.name: [] for r in others}
+        history = []
         for follow in (q, *FOLLOW):
-            for r in others:
-                h = history[r.name]
-                h.append((follow if follow is not None else q, None))
-                ids = torch.tensor([turns(tok, h, cap)])
-                got = timed([plain, r], "repeated", ids)
-                h[-1] = (h[-1][0], got[1])
+            history.append((follow if follow is not None else q, None))
+            got = timed(rs, "repeated", torch.tensor([turns(tok, history, cap)]))
+            history[-1] = (history[-1][0], got[0])
 
 
 def report(rs, run: int, a, dtype) -> None:
@@ -245,7 +243,7 @@ def report(rs, run: int, a, dtype) -> None:
             cells.append(f"x{ratios[r.name]:.2f} ({same} same{g})")
         peers = [ratios[n] for n in names[:-1] if n in ratios]
         vs = f"x{ratios[names[-1]] / max(peers):.2f}" if peers and names[-1] in ratios else "-"
-        print(f"| {s} | {plain.count.get(s, 0) // (1 if s != 'repeated' else 3)} | "
+        print(f"| {s} | {plain.count.get(s, 0)} | "
               + " | ".join(cells) + f" | {vs} |")
     if any(total[plain.name]):
         base = total[plain.name][1] / total[plain.name][0]

@@ -100,7 +100,7 @@ class SuffixConfig:
     tokens: int = LOOKUP_TOKENS
     depth: int = 64
     min_match: int = 2
-    factor: float = 1.0
+    factor: float | None = None  # ArcticInference's 1.0: x0.86 of 8.0 (bench/results/suffix.md)
     min_prob: float = 0.1
     max_bytes: int = 64 << 20
     share: bool = False
@@ -113,9 +113,10 @@ class SuffixConfig:
             raise ValueError(f"suffix min_match: at most depth ({self.depth}), got "
                              f"{self.min_match}")
         f = self.factor
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
-            raise ValueError(f"suffix factor: draft tokens per matched token, a number > 0, got "
-                             f"{f!r}")
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or
+                              not f > 0):
+            raise ValueError(f"suffix factor: draft tokens per matched token, a number > 0 (None: "
+                             f"no limit), got {f!r}")
         probability("suffix min_prob", self.min_prob, "the lowest estimated probability a draft "
                     "continues at,")
         positive_int("suffix max_bytes", self.max_bytes, "the byte cap of earlier outputs kept "

@@ -197,7 +197,9 @@ class SuffixProposer:
         longest = max((int(L.max()) for _, _, L, _ in found if len(L)), default=0)
         if longest < c.min_match:
             return [], 0, []
-        most = min(c.tokens, limit, max(1, math.ceil(c.factor * longest)))
+        most = min(c.tokens, limit)
+        if c.factor is not None:
+            most = min(most, max(1, math.ceil(c.factor * longest)))
         sources = [(a, at[L == longest], per) for a, at, L, per in found]
         ids, probs = vote(sources, most, c.min_prob)
         if ids and theirs is not None and len(sources[0][1]):
