@@ -277,30 +277,26 @@ class BudgetConfig:
 
     def _lookup(self) -> LookupConfig | None:
         value = self.lookup
-        if value == "auto":  # on by default only where the policy prices drafts
-            value = POLICIES[self.policy]
-        if value is not None and value is not False and not isinstance(value, (bool, dict,
-                                                                                LookupConfig)):
+        if value not in (None, False, "auto") and not isinstance(value, (bool, dict,
+                                                                         LookupConfig)):
             raise ValueError(f"budget lookup: true, false or a dict of ngram, tokens, got "
                              f"{type(value).__name__}")
-        try:
-            out = LookupConfig.of(value, default_tokens=None)
-        except ValueError as e:
-            raise ValueError(f"budget {e}") from None
-        if out is not None and not POLICIES[self.policy]:
-            raise ValueError(f"budget lookup: the {self.policy!r} policy does not price drafts; "
-                             "lookup drafts need dcut or all-or-nothing (or set lookup to false)")
-        return out
+        return self._source("lookup", lambda v: LookupConfig.of(v, default_tokens=None))
 
     def _suffix(self) -> SuffixConfig | None:
-        value = POLICIES[self.policy] if self.suffix == "auto" else self.suffix
+        return self._source("suffix", SuffixConfig.of)
+
+    def _source(self, name: str, parse):
+        """A free-draft source's setting parsed (``"auto"``: on where the policy prices drafts),
+        refused by name where the policy does not price drafts."""
+        value = getattr(self, name)
         try:
-            out = SuffixConfig.of(value)
+            out = parse(POLICIES[self.policy] if value == "auto" else value)
         except ValueError as e:
             raise ValueError(f"budget {e}") from None
         if out is not None and not POLICIES[self.policy]:
-            raise ValueError(f"budget suffix: the {self.policy!r} policy does not price drafts; "
-                             "suffix drafts need dcut or all-or-nothing (or set suffix to false)")
+            raise ValueError(f"budget {name}: the {self.policy!r} policy does not price drafts; "
+                             f"{name} drafts need dcut or all-or-nothing (or set {name} to false)")
         return out
 
     @classmethod

@@ -3,14 +3,13 @@ for every n-gram of up to ``ngram`` tokens, the latest place a token followed it
 suffix first. :class:`Lookup` keeps one over a request's own tokens (prompt and output so far) and
 proposes the tokens that followed the text's longest recurring suffix, at no model step.
 :class:`LookupProposer` keeps one :class:`Lookup` per live request of a batch, keyed by request id,
-so that no request's text drafts for another, and rebuilds a request's index where the engine's
-text is not the one it expects (preempted and recomputed, a prefill in chunks). The fused loop
+so that no request's text drafts for another (:mod:`trimpass.spec.proposers.requests`). The fused loop
 (:mod:`trimpass.hf.fused`) is its batch-of-one client; the vLLM adapter proposes through it each
 step. :class:`~trimpass.hf.output_cache.OutputCache` indexes earlier outputs with the same index."""
 from __future__ import annotations
 
 from trimpass.spec.config import LookupConfig
-from trimpass.spec.drafts import Drafts
+from trimpass.spec.proposers.requests import PerRequest
 
 
 class NgramIndex:
@@ -78,51 +77,20 @@ class Lookup:
         return own, match
 
 
-def _ints(tokens) -> list[int]:
-    return tokens.tolist() if hasattr(tokens, "tolist") else [int(t) for t in tokens]
-
-
-class LookupProposer:
-    """One :class:`Lookup` per live request of a batch, keyed by request id. :meth:`draft`
-    brings each request's index up to its text (the engine's tokens of the request, then the
-    tokens it emitted this step) and returns the step's :class:`Drafts`; :meth:`keep_only` drops
-    the finished, aborted and preempted requests."""
+class LookupProposer(PerRequest):
+    """One :class:`Lookup` per live request of a batch (:class:`~trimpass.spec.proposers.requests.
+    PerRequest`), over the request's own text (and ``outputs``, where given)."""
+    source = "lookup"
 
     def __init__(self, config: LookupConfig, outputs=None):
         if config.tokens is None:
             raise ValueError("lookup tokens: the proposer needs a number of tokens (the engine's "
                              "draft length where the setting left it open), got None")
+        super().__init__()
         self.config, self.outputs = config, outputs
-        self.live: dict = {}  # request id -> its Lookup
-        self.expected: dict = {}  # request id -> the engine's length of it at the next step
 
-    def draft(self, req_ids, lengths, tokens, emitted, limit: int) -> Drafts:
-        """Per request ``req_ids[i]``: ``tokens(i, a, b)`` its tokens ``a:b`` in the engine,
-        ``lengths[i]`` of them; ``emitted[i]`` the tokens it emitted this step, not yet among them
-        (none: it drafts nothing). Drafts of at most ``limit`` tokens each."""
-        rows, match = [], []
-        for i, rid in enumerate(req_ids):
-            new = emitted[i] if i < len(emitted) else []
-            if not len(new):
-                rows.append([])
-                match.append(0)
-                continue
-            look, n = self.live.get(rid), int(lengths[i])
-            if look is None or self.expected.get(rid) != n:
-                look = self.live[rid] = Lookup(self.config, self.outputs)
-                look.extend(_ints(tokens(i, 0, n)))
-            look.extend(new)
-            self.expected[rid] = n + len(new)
-            ids, m = look.propose(limit)
-            rows.append(ids)
-            match.append(m if ids else 0)
-        return Drafts.of(rows, "lookup", match)
+    def fresh(self, rid, i: int, n: int, tenants) -> Lookup:
+        return Lookup(self.config, self.outputs)
 
-    def keep_only(self, req_ids) -> None:
-        keep = set(req_ids)
-        for rid in [r for r in self.live if r not in keep]:
-            del self.live[rid]
-            self.expected.pop(rid, None)
-
-    def __len__(self) -> int:
-        return len(self.live)
+    def propose(self, rid, index: Lookup, limit: int):
+        return (*index.propose(limit), None)

@@ -17,8 +17,8 @@ from collections import OrderedDict
 import numpy as np
 
 from trimpass.spec.config import SuffixConfig, check_tenant
-from trimpass.spec.drafts import Drafts
 from trimpass.spec.proposers.arena import Arena, vote
+from trimpass.spec.proposers.requests import PerRequest
 
 SHARED = "*"  # the one arena's key where tenants share
 HEADROOM = 0.75  # evicting stops once the live texts fit this share of the cap
@@ -144,50 +144,34 @@ class SuffixStore:
                 self.lru.move_to_end((key, serial))
 
 
-class SuffixProposer:
+class SuffixProposer(PerRequest):
     """One own-text arena per live request of a batch, keyed by request id, beside its tenant's
-    earlier outputs in ``store`` (None: own text alone). :meth:`draft` brings each request's arena
-    up to its text and returns the step's :class:`Drafts` (source ``"suffix"``); :meth:`finish`
-    keeps a finished request's output for its tenant; :meth:`keep_only` drops the others'."""
+    earlier outputs in ``store`` (None: own text alone), each request's tenant read from
+    ``draft``'s ``tenants`` (else ``tenant``). :meth:`draft` returns the step's drafts (source
+    ``"suffix"``, their estimated probabilities as confidences); :meth:`finish` keeps a finished
+    request's output for its tenant; :meth:`keep_only` drops the arenas of requests that left the
+    batch (a preempted one is rebuilt when it resumes; its prompt length and tenant stay)."""
+    source = "suffix"
 
     def __init__(self, config: SuffixConfig, store: SuffixStore | None = None,
                  tenant: str = ""):
         check_tenant(tenant)
+        super().__init__()
         self.config, self.store, self.default_tenant = config, store, tenant
-        self.live: dict = {}  # request id -> its own arena
-        self.expected: dict = {}  # request id -> the engine's length of it at the next step
         self.prompt: dict = {}  # request id -> its prompt's length (its output follows)
-        self.tenant: dict = {}  # request id -> its tenant
+        self.tenant: dict = {}  # request id -> its tenant (None in ``draft``: the proposer's)
 
-    def draft(self, req_ids, lengths, tokens, emitted, limit: int, tenants=None) -> Drafts:
-        """As :meth:`~trimpass.spec.proposers.lookup.LookupProposer.draft`; ``tenants[i]``: the
-        tenant of request ``i`` (None: every request the proposer's own tenant)."""
-        rows, match, probs = [], [], []
-        for i, rid in enumerate(req_ids):
-            new = emitted[i] if i < len(emitted) else []
-            if not len(new):
-                rows.append([])
-                match.append(0)
-                continue
-            own, n = self.live.get(rid), int(lengths[i])
-            self.tenant.setdefault(rid, self.default_tenant if tenants is None else tenants[i])
-            self.prompt.setdefault(rid, n)
-            if own is None or self.expected.get(rid) != n:
-                own = self.live[rid] = Arena()
-                own.open(rid)
-                own.extend(_ints(tokens(i, 0, n)))
-            own.extend(_ints(new))
-            self.expected[rid] = n + len(new)
-            ids, m, p = self.propose(own, self.tenant[rid], limit)
-            rows.append(ids)
-            match.append(m if ids else 0)
-            probs += p
-        return Drafts.of(rows, "suffix", match, confidence=probs)
+    def fresh(self, rid, i: int, n: int, tenants) -> Arena:
+        self.tenant.setdefault(rid, self.default_tenant if tenants is None else tenants[i])
+        self.prompt.setdefault(rid, n)
+        own = Arena()
+        own.open(rid)
+        return own
 
-    def propose(self, own: Arena, tenant: str, limit: int) -> tuple[list[int], int, list[float]]:
+    def propose(self, rid, own: Arena, limit: int) -> tuple[list[int], int, list[float]]:
         """(ids, match length, their probabilities) after ``own``'s text, from its own earlier
         text and its tenant's earlier outputs."""
-        c = self.config
+        c, tenant = self.config, self.tenant[rid]
         tail = own.tokens[max(0, own.used - c.depth):own.used]
         found = [(own, *own.candidates(tail, c.depth, end_excluded=own.used), 1)]
         key = self.store.key(tenant) if self.store is not None else None
@@ -217,17 +201,3 @@ class SuffixProposer:
         for d in (self.live, self.expected, self.prompt, self.tenant):
             d.pop(rid, None)
 
-    def keep_only(self, req_ids) -> None:
-        """Arenas of requests not in ``req_ids`` dropped (a preempted one is rebuilt when it
-        resumes; its prompt length and tenant stay until :meth:`finish`)."""
-        keep = set(req_ids)
-        for rid in [r for r in self.live if r not in keep]:
-            del self.live[rid]
-            self.expected.pop(rid, None)
-
-    def __len__(self) -> int:
-        return len(self.live)
-
-
-def _ints(tokens) -> list[int]:
-    return tokens.tolist() if hasattr(tokens, "tolist") else [int(t) for t in tokens]
