@@ -1,10 +1,12 @@
 """The controller: one drafter's verification budget, engine-neutral, and the one place a step's
 drafting is decided. Before any drafting, :meth:`Controller.plan` prices every depth the policy
-allows (each request sending the source worth more expected tokens: its lookup draft, priced by
-match length and position, or the drafter's, priced by position; :mod:`.prices`) with the engine's
+allows (each request sending the source worth more expected tokens: its free draft, lookup's or
+the suffix index's, whichever its own record prices higher (``prices.choose``), priced by match
+length and position, or the drafter's, priced by position; :mod:`.prices`) with the engine's
 costs (:meth:`price`: the verification cost model and the drafting seconds, e.g.
 :class:`~trimpass.spec.control.costs.ChainCosts`) and picks the depth of best expected rate; depth
-0 with no lookup draft worth sending drafts nothing. The schedule (:mod:`.schedule`) turns a
+0 with no free draft worth sending drafts nothing; a free source the settings turn off is never
+priced (:func:`free_on`). The schedule (:mod:`.schedule`) turns a
 skipped proposal into a probe now and then, and a drafted one into a plain step, so that every
 price stays observed. After drafting, :meth:`Controller.cut` reads the drafted ids and their
 confidences once, calibrates the confidences (:mod:`.calibration`), merges each request's sources
