@@ -27,7 +27,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = {"none": "no speculation", "self-untrimmed": "self-drafting, untrimmed (vLLM's route)",
          "self": "self-drafting, trimmed", "self-dcut": "self-drafting, trimmed, D-Cut",
-         "ngram": "vLLM ngram", "hybrid": "trimpass hybrid (lookup + self-drafts, D-Cut)"}
+         "ngram": "vLLM ngram",
+         "hybrid": "trimpass hybrid (lookup, suffix index + self-drafts, D-Cut)"}
 
 
 def log(a, msg: str) -> None:
