@@ -41,7 +41,7 @@ def _hashes(tokens: np.ndarray, width: int, bits: int) -> np.ndarray:
 
 class Arena:
     """Texts end to end in one array (``-1`` after each), hash-chained for matching. ``capacity``:
-    tokens it holds before it must grow (``grow`` doubles it)."""
+    tokens it holds before it grows (an append past it doubles it; :meth:`reserve` sets it)."""
 
     def __init__(self, capacity: int = 256):
         self.capacity = max(int(capacity), 16)
@@ -203,7 +203,9 @@ class Arena:
             h = _hashes(np.concatenate([tail[-w:], tail[-1:]]), w, self.bits)[w]
             found, p = [], int(self.head[w][h]) if h >= 0 else -1
             prev = self.prev[w]
-            while p >= 0 and len(found) < WALK:
+            for _ in range(WALK + 1):  # the newest WALK positions (the excluded one aside)
+                if p < 0 or len(found) == WALK:
+                    break
                 if p != end_excluded:
                     found.append(p)
                 p = int(prev[p])
