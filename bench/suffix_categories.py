@@ -1,18 +1,18 @@
-"""``trimpass.generate`` (lookup, the suffix index and trimmed self-drafts, its defaults) against the
-free drafting peers, by category and on a repeated-work stream, side by side in one run: the real
-Gemma-3-270M decoding greedily as the plain target (Hugging Face ``generate``), with Hugging Face
-prompt lookup (10 tokens), with ArcticInference's suffix decoding at vLLM's ``suffix`` defaults
+"""``trimpass.generate`` (lookup, the suffix index and trimmed self-drafts, its defaults) against
+the free drafting peers, by category and on a repeated-work stream, side by side in one run: the
+real Gemma-3-270M decoding greedily as the plain target (Hugging Face ``generate``), with Hugging
+Face prompt lookup (10 tokens), with ArcticInference's suffix decoding at vLLM's ``suffix`` defaults
 (``bench/suffix_peer.py``: tree depth 24, ``max_spec_factor`` 1.0, ``min_token_prob`` 0.1, 16
 tokens; its global tree of earlier responses on), and in trimpass's loop. Every route runs on each
 prompt in turn; each keeps earlier outputs across the prompts of one pass (ArcticInference its
 global tree, trimpass the caller's tenant), and both are emptied between passes, so a pass never
 drafts from its own earlier pass. Categories, all held out of training and tuning: ShareGPT prompts
-by kind (``writing``, ``roleplay``, ``qa``, ``code``, ``math``), ``completion`` (a stdlib
-function's start, to continue), ``extraction`` and ``summary`` (a ``pydoc_data.topics`` entry).
-The ``repeated`` stream: ShareGPT conversations of three turns each (the question, "shorter", the
+by kind (``writing``, ``roleplay``, ``qa``, ``code``, ``math``), ``completion`` (a stdlib function's
+start, to continue), ``extraction`` and ``summary`` (a ``pydoc_data.topics`` entry). The
+``repeated`` stream: ShareGPT conversations of three turns each (the question, "shorter", the
 question asked again), the model's replies in the history, one tenant throughout, every route on
-each turn in turn. Warm-up on other
-prompts; graphs compiled while timed are reported; every output is checked against plain greedy.
+each turn in turn. Warm-up on other prompts; graphs compiled while timed are reported; every output
+is checked against plain greedy.
 
     python bench/suffix_categories.py --dtype fp32 --runs 2
 """

@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     base_traced, base_rss = tracemalloc.get_traced_memory()[0], rss()
     add_s = draft_s = 0.0
     marks = sorted({a.requests // 10 * k for k in range(1, 11)} | {a.requests})
-    print(f"| requests | counted MiB | traced MiB | RSS growth MiB | cap MiB | outputs kept | "
-          f"evicted | µs per kept output | µs per draft |")
+    print("| requests | counted MiB | traced MiB | RSS growth MiB | cap MiB | outputs kept | "
+          "evicted | µs per kept output | µs per draft |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in range(1, a.requests + 1):
         tenant = f"t{r % a.tenants}"
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         prop = SuffixProposer(config, store, tenant)
         text = out[:32].tolist()
         t = time.perf_counter()
-        prop.draft([r], [16], lambda i, x, y: text[x:y], [text[16:]], 15)
+        prop.draft([r], [16], lambda i, x, y, text=text: text[x:y], [text[16:]], 15)
         draft_s += time.perf_counter() - t
         t = time.perf_counter()
         store.add(tenant, out)

@@ -2,8 +2,9 @@
 ``SuffixDecodingCache`` (the request's prompt and output in a suffix tree, earlier responses in a
 global one, ``arctic-inference`` 0.3.0 from PyPI, an sdist whose suffix-tree extension builds on
 CPU: ``pip wheel --no-deps arctic-inference==0.3.0``) drafts with vLLM's ``suffix`` defaults (tree
-depth 24, ``max_spec_factor`` 1.0, ``min_token_prob`` 0.1, at most 16 tokens), and the target verifies each draft greedily in one eager forward over a ``DynamicCache``
-cropped back to the kept prefix, as Hugging Face prompt lookup does. Greedy only.
+depth 24, ``max_spec_factor`` 1.0, ``min_token_prob`` 0.1, at most 16 tokens), and the target
+verifies each draft greedily in one eager forward over a ``DynamicCache`` cropped back to the kept
+prefix, as Hugging Face prompt lookup does. Greedy only.
 """
 from __future__ import annotations
 

@@ -323,7 +323,7 @@ def warm_up(model, draft=None, gamma: int | None = None, confidence: float | Non
     does it too); ``warm_up(model, draft)`` with ``draft = self_drafter(model)`` warms Hugging
     Face's assisted generation with that drafter (its first ``generate`` does not: call this)."""
     from trimpass.hf import fused_checks, selfdraft
-    from trimpass.spec.config import GenerateConfig, check_tenant
+    from trimpass.spec.config import GenerateConfig
     fused_checks.check_model(model)
     if draft is not None:
         if gamma is not None or confidence is not None or config or not speculate \

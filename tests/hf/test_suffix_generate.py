@@ -1,8 +1,8 @@
 """The suffix index in :func:`trimpass.generate`: a tenant's later request drafts from its earlier
 output and stays the plain greedy one (the index's drafts proven to have been verified in that very
 call); no id of one tenant's requests is offered to another tenant before that tenant's own text
-holds it (and with sharing on, the same canary is); ``forget`` drops a tenant's outputs; a bad tenant
-or suffix setting is refused before any compute."""
+holds it (and with sharing on, the same canary is); ``forget`` drops a tenant's outputs; a bad
+tenant or suffix setting is refused before any compute."""
 import pytest
 import torch
 

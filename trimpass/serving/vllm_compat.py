@@ -619,7 +619,7 @@ def _dummy_run(hooks, original):
 
 
 WRAPPERS = (_engine_config, _load_model, _init_kv, _execute, _prepare_inputs, _propose_draft,
-            _propose, _first_pass, _sample, _dummy_run, _validate)  # one per patched symbol, in its order
+            _propose, _first_pass, _sample, _dummy_run, _validate)  # one per patched symbol
 
 
 def install(hooks, places=PATCHES) -> None:

@@ -21,8 +21,8 @@ from trimpass.serving import vllm_compat as compat
 from trimpass.serving import vllm_kv
 from trimpass.serving import vllm_settings as front
 from trimpass.serving.vllm_check import CheckedTrimmer
-from trimpass.serving.vllm_trim import Trimmer
 from trimpass.serving.vllm_free import FreeDrafts
+from trimpass.serving.vllm_trim import Trimmer
 from trimpass.spec.control.controller import Controller, takes_free
 from trimpass.spec.control.costs import ChainCosts
 
@@ -134,8 +134,8 @@ class Proposer:
         t0 = time.perf_counter()
         ids = emitted()
         c.observe(batch.req_ids, ids)
-        offered = self.free.draft(c.settings, batch, ids, gamma) if greedy and takes_free(c.settings) \
-            else []
+        free = greedy and takes_free(c.settings)
+        offered = self.free.draft(c.settings, batch, ids, gamma) if free else []
         lookup = c.prices.choose(*offered)
         plan = c.plan(len(batch.req_ids), gamma, lookup)
         self.budget_s += time.perf_counter() - t0

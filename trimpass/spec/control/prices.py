@@ -1,12 +1,12 @@
 """What a draft source is worth, one record per source, so that the controller prices every source
 with one cost model. :class:`PriceRecord` keeps, by match length and position, how often a drafted
-token was reached (every earlier one accepted) and kept (accepted too), and reads
-P(position k accepted | every earlier one was) with a Beta prior until observed. A lookup draft
+token was reached (every earlier one accepted) and kept (accepted too), and reads P(position k
+accepted | every earlier one was) with a Beta prior until observed. A lookup draft
 (:mod:`trimpass.spec.proposers.lookup`) is priced by the length of the suffix it matched (rows 0 ..
-``match_cap``), a suffix-index draft (:mod:`trimpass.spec.proposers.suffix`) by its match's
-power of two (1, 2-3, 4-7 ... 64); a self-draft has one row. Both learn from every draft offered, sent or not: the
-tokens a request emitted are the target's own, so where a draft parts from them the target would
-have rejected it, and where it agrees the target would have kept it (:func:`agreement`)."""
+``match_cap``), a suffix-index draft (:mod:`trimpass.spec.proposers.suffix`) by its match's power of
+two (1, 2-3, 4-7 ... 64); a self-draft has one row. Each learns from every draft offered, sent or
+not: the tokens a request emitted are the target's own, so where a draft parts from them the target
+would have rejected it, and where it agrees the target would have kept it (:func:`agreement`)."""
 from __future__ import annotations
 
 import math

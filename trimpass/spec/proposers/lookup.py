@@ -3,9 +3,10 @@ for every n-gram of up to ``ngram`` tokens, the latest place a token followed it
 suffix first. :class:`Lookup` keeps one over a request's own tokens (prompt and output so far) and
 proposes the tokens that followed the text's longest recurring suffix, at no model step.
 :class:`LookupProposer` keeps one :class:`Lookup` per live request of a batch, keyed by request id,
-so that no request's text drafts for another (:mod:`trimpass.spec.proposers.requests`). The fused loop
-(:mod:`trimpass.hf.fused`) is its batch-of-one client; the vLLM adapter proposes through it each
-step. :class:`~trimpass.hf.output_cache.OutputCache` indexes earlier outputs with the same index."""
+so that no request's text drafts for another (:mod:`trimpass.spec.proposers.requests`). The fused
+loop (:mod:`trimpass.hf.fused`) is its batch-of-one client; the vLLM adapter proposes through it
+each step. :class:`~trimpass.hf.output_cache.OutputCache` indexes earlier outputs with the same
+index."""
 from __future__ import annotations
 
 from trimpass.spec.config import LookupConfig
