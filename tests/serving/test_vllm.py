@@ -155,9 +155,12 @@ def test_dcut_in_vllm_is_lossless_and_verifies_per_request_prefixes(runs, dcut_r
         assert b["verified"] == r["verified_drafts"] > 0, name
     dc = dcut_run["dcut"]["budget"]
     assert dc["policy"] == "dcut"
-    # the requests' own text drafted too, priced by what the target accepted of it
-    assert dc["lookup_rows"] > 0 and 0 < dc["lookup_accepted"] <= dc["lookup_sent"]
-    assert sum(dc["lookup_price"]["reached"]) > 0 and sum(dc["self_price"]["reached"]) > 0
+    # the requests' own text drafted too (lookup, the suffix index), priced by what the target
+    # accepted of it
+    free = {k: dc.get(f"lookup_{k}", 0) + dc.get(f"suffix_{k}", 0) for k in ("accepted", "sent")}
+    assert dc["lookup_rows"] > 0 and 0 < free["accepted"] <= free["sent"]
+    assert sum(dc["lookup_price"]["reached"]) + sum(dc["suffix_price"]["reached"]) > 0
+    assert sum(dc["self_price"]["reached"]) > 0
     assert dc["verified_mixed"] > 0  # one step verified drafts of different lengths
     assert int(min(dc["kept"], key=int)) < int(max(dc["kept"], key=int))  # K varies by step
     fx = dcut_run["fixed"]["budget"]
