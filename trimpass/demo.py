@@ -42,7 +42,7 @@ from trimpass.progress import logged, progress
 from trimpass.testing.checks import head_ops
 
 log = logging.getLogger("trimpass.demo")
-FUSED = "fused loop: trimpass.generate's default (lookup drafts + trimmed self-drafts)"
+FUSED = "fused loop: trimpass.generate's default (lookup, suffix index + trimmed self-drafts)"
 
 
 class _Plan:
@@ -430,10 +430,12 @@ def _main(args) -> int:
             print(f"{r['name']} against the target alone: {r['own']}")
         if r.get("fused"):
             look, own = r["sources"]["lookup"], r["sources"]["self"]
+            sx = r["sources"].get("suffix", {"rounds": 0, "accepted": 0, "drafted": 0})
             print(f"fused loop: trimpass.generate's defaults, lookup drafts of up to "
                   f"{r['lookup_tokens']} tokens in {look['rounds']} rounds ({look['accepted']} of "
-                  f"{look['drafted']} drafted tokens accepted) and trimmed self-drafts in "
-                  f"{own['rounds']} ({own['accepted']} of {own['drafted']})")
+                  f"{look['drafted']} drafted tokens accepted), the suffix index's in "
+                  f"{sx['rounds']} ({sx['accepted']} of {sx['drafted']}) and trimmed self-drafts "
+                  f"in {own['rounds']} ({own['accepted']} of {own['drafted']})")
             print("fused loop against plain decoding through its own compiled body (lossless "
                   "where each divergence is a near-tie: a gap between the two tokens' logits "
                   "within how far the body's one-token steps and its batched pass differ there): "
