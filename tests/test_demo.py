@@ -39,7 +39,7 @@ def test_demo_runs_the_real_model_and_prints_a_lossless_table(tmp_path, capsys, 
     assert len(rows) == 3 and all(re.search(r"✓( \(\d+ near-ties?\))? \|$", r.rstrip())
                                   for r in rows), out
     fused = [line for line in out.splitlines()
-             if line.startswith("| fused loop: trimpass.generate's default (lookup drafts + ")]
+             if line.startswith("| fused loop: trimpass.generate's default (lookup, suffix ")]
     assert len(fused) == 1 and re.search(r"✓( \(\d+ near-ties?\))? \|$", fused[0].rstrip()), out
     line = next(x for x in out.splitlines() if x.startswith("trimmed head ops / draft calls: "))
     runs = dict((name, (int(a), int(b))) for name, a, b in
@@ -52,6 +52,7 @@ def test_demo_runs_the_real_model_and_prints_a_lossless_table(tmp_path, capsys, 
     assert all(ops == calls for name, (ops, calls) in runs.items() if name != "untrimmed"), line
     lookup = re.search(r"lookup drafts of up to (\d+) tokens", out)
     assert lookup and int(lookup[1]) > 0, out  # the fused row ran generate's default: lookup on
+    assert re.search(r"the suffix index's in \d+ \(\d+ of \d+\)", out), out  # and the index
     assert rc == 0
     assert os.path.getsize(tmp_path / "demo.png") > 10_000
     # a log shows each phase as it ends, with the time left once a prompt has been timed
