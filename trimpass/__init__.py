@@ -189,7 +189,8 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              attention_mask=None, gamma: int | None = None, confidence: float | None = None,
              speculate: bool = True, lookup: bool | int = True, output_cache=None,
-             suffix: bool | dict = True, tenant: str = "", **config) -> torch.Tensor:
+             suffix: bool | dict = True, tenant: str = "", tree: bool | dict = True,
+             **config) -> torch.Tensor:
     """Decode with ``model`` drafting for itself in one fused loop; returns prompt + new ids
     ``[1, P + n]``, as ``model.generate`` does. The trimmed head drafts up to ``gamma`` tokens,
     stopping where its confidence drops below ``confidence``; the full head verifies the body's
@@ -211,8 +212,12 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     them agree on, priced by the same controller (a dict of
     :class:`~trimpass.spec.config.SuffixConfig`'s fields sets its byte cap, ``share`` across
     tenants, ...). This call's output is kept for the tenant's later calls; :func:`forget` drops
-    them. ``output_cache`` (an :class:`OutputCache`, deprecated: the suffix index keeps outputs
-    per tenant) adds its earlier outputs as lookup sources.
+    them. ``tree`` (default True) verifies the free drafts as one tree in one pass: every
+    continuation the index knows, best-first by estimated probability, and the lookup draft beside
+    them, as many nodes as are worth their measured cost (a dict of
+    :class:`~trimpass.spec.config.TreeConfig`'s ``size`` and ``depth``; False: the better chain).
+    ``output_cache`` (an :class:`OutputCache`, deprecated: the suffix index keeps outputs per
+    tenant) adds its earlier outputs as lookup sources.
     ``speculate=False`` decodes plainly through the same compiled body (the reference for a
     bit-for-bit check), as ``TRIMPASS_DISABLE=1`` does. ``config`` is :class:`TrimConfig`'s.
     Batch 1. :func:`stats` reports the loop's counters."""
@@ -221,7 +226,7 @@ def generate(model, input_ids, max_new_tokens: int, do_sample: bool = False,
     from trimpass.spec.config import GenerateConfig, check_tenant
     fused_checks.check_model(model)
     fused_checks.check_call(input_ids, attention_mask, max_new_tokens)
-    settings = GenerateConfig.of(gamma, confidence, lookup, suffix, do_sample=do_sample,
+    settings = GenerateConfig.of(gamma, confidence, lookup, suffix, tree, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p)
     check_tenant(tenant)
     buckets.check_length(input_ids.shape[1], max_new_tokens, buckets.context_of(model),

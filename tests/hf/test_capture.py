@@ -3,7 +3,8 @@ AOT autograd's metadata: every parameter, every mutated cache buffer and every m
 buffer a static input (a mutated non-static input makes the tree skip the graph), no 0-d input
 that is not a static buffer (a Python number made a tensor per call), no graph break (each graph
 compiles with ``fullgraph=True``), and a fixed set of graphs whatever the prompt: the body's
-one-token step and its pass over many rows, and the rounds' graphs (keep, accept, token)."""
+one-token step, its pass over many rows and its pass over a draft tree, and the rounds' graphs
+(keep, accept, walk, token)."""
 import pytest
 import torch
 
@@ -38,7 +39,8 @@ def test_every_compiled_graph_of_the_loop_is_capturable(name, speculate):
     assert cc.problems() == []
     assert _graph_breaks() == 0
     body = [g for g in cc.graphs if _embeds(g)]  # the body's steps
-    assert len(body) == 2, "the one-token step and the pass over many rows, no more"
+    assert len(body) == 2 + speculate, "the one-token step, the pass over many rows and the " \
+        "tree pass of the free drafts, no more"
     for g in body:
         assert g.mutated and g.parameters, "the check saw no cache write or no weight"
     rounds = [g for g in cc.graphs if g not in body]

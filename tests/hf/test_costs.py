@@ -2,6 +2,7 @@
 lookup round is one batched pass, a self-draft round its body steps and one full-head product; the
 round of more expected tokens per second is chosen, by match length, before anything runs."""
 import pytest
+import torch
 
 from trimpass.hf.costs import RoundCosts
 from trimpass.spec.config import BudgetConfig
@@ -12,9 +13,10 @@ G, L = 8, 15
 
 
 def _controller(step_s=0.010, verify_s=0.012, head_s=0.002):
-    costs = RoundCosts(G)
-    for name, s in (("step_s", step_s), ("verify_s", verify_s), ("head_s", head_s)):
+    costs = RoundCosts(G, (16,))
+    for name, s in (("step_s", step_s), ("head_s", head_s)):
         costs.time(name, s)
+    costs.time_pass(16, verify_s)
     return Controller(BudgetConfig(lookup={"tokens": L}).for_engine(L), L, costs)
 
 
@@ -56,12 +58,26 @@ def test_a_costly_batched_pass_loses_to_self_drafts_and_probes_come_by_the_sched
     assert c.counts["plain_probes"] == 0  # no cost model to observe plain steps here
 
 
-@pytest.mark.parametrize("name", ["step_s", "verify_s", "head_s"])
+@pytest.mark.parametrize("name", ["step_s", "head_s"])
 def test_each_cost_is_a_running_mean_of_the_rounds(name):
     costs = RoundCosts(G)
     costs.time(name, 1.0)
     costs.time(name, 2.0)
     assert getattr(costs, name) == pytest.approx(1.1)
+
+
+def test_a_free_pass_is_timed_by_its_row_class_and_priced_by_tokens():
+    costs = RoundCosts(G, (4, 8, 16))
+    for rows, s in ((3, 1.0), (8, 2.0), (9, 4.0), (16, 8.0)):
+        costs.time_pass(rows, s)
+    assert costs.pass_s == {4: 1.0, 8: 2.0, 16: pytest.approx(0.9 * 4.0 + 0.1 * 8.0)}
+    assert costs.price(1, 0) is None  # the self-draft rounds not timed yet
+    costs.time("step_s", 0.01)
+    costs.time("head_s", 0.01)
+    cost, draft_s = costs.price(1, 0)
+    assert draft_s == 0.0
+    assert cost(1, torch.tensor([1, 4, 5, 8, 9, 16])).tolist() == pytest.approx(
+        [1.0, 1.0, 2.0, 2.0, costs.pass_s[16], costs.pass_s[16]])
 
 
 def test_a_forgotten_lookup_record_probes_at_its_first_match_once():

@@ -78,3 +78,38 @@ def test_a_round_reads_the_host_once_plus_its_near_tie_rechecks(name, prompt, sa
     assert r.count <= rounds + rechecks + 2, (rounds, rechecks, r.log)
     st = trimpass.stats(model)["sources"]
     assert st["self"]["rounds"] > 0 and (sample or prompt == "random" or st["lookup"]["rounds"])
+
+
+@torch.no_grad()
+def test_the_walk_graphs_sampled_tokens_are_the_targets_distribution_and_its_cache_follows():
+    """Rounds.walk (the loop's tree verification, run eagerly): over a root with two children and
+    a grandchild, the first emitted token is distributed as the root row's warped softmax, and
+    the kept path's keys and values are moved to the positions after the pending token's."""
+    from trimpass.hf.rounds import Rounds
+    torch.manual_seed(3)
+    model = MODELS["llama"]().eval()
+    rounds = Rounds(model)
+    d, R, trials = model.config.hidden_size, 5, 4000
+    H = torch.randn(R, d) * 6  # peaked: the children hold much of the root's mass
+    p = torch.softmax(warped(rounds.logits(H), torch.tensor([0.7, V, 1.0]), False, False), -1)
+    top = p[0].topk(2).indices.tolist()  # the root's two likeliest tokens are its children
+    ids = torch.tensor([1, top[0], top[1], int(p[1].argmax()), 0])  # row 4: padding
+    parent = torch.tensor([0, 0, 0, 1, 0])
+    anc = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
+                        [0, 0, 0, 0, 1]])
+    depth = torch.tensor([0, 1, 1, 2, 0])
+    first, kept_two = torch.zeros(3), 0  # the two children, any other token
+    for _ in range(trials):
+        keys = torch.arange(8.0).view(1, 1, 8, 1).repeat(1, 1, 1, 2)
+        tok, pos = torch.zeros(1, 1, dtype=torch.long), torch.tensor(2)
+        out = rounds.walk(H, ids, parent, anc, depth, torch.tensor([3]), [keys], tok, pos,
+                          torch.tensor([0.7, V, 1.0]), True, False, False).tolist()
+        n, path = out[0], out[2:2 + R]
+        emitted = [int(ids[r]) for r in path[1:n + 1]] + [out[2 + 2 * R + out[1]]]
+        first[top.index(emitted[0]) if emitted[0] in top else 2] += 1
+        assert int(pos) == 2 + n + 1 and int(tok) == emitted[-1]
+        assert keys[0, 0, 2:3 + n, 0].tolist() == [2.0 + r for r in path[:n + 1]]
+        kept_two += n == 2
+    want = torch.cat([p[0, top], 1 - p[0, top].sum(0, keepdim=True)])
+    assert 0.5 * float((first / trials - want).abs().sum()) < 0.03, (first / trials, want)
+    assert kept_two > 0  # the grandchild's path was kept, its cache rows moved

@@ -30,6 +30,7 @@ class Body:
         self.rows = upcast.RowsBackend(backend if speculate else plain,
                                        model.get_output_embeddings().weight.shape)
         self.step.compile(backend=self.rows, fullgraph=True)
+        self.tree_graph = torch.compile(self.step.tree, backend=self.rows, fullgraph=True)
         self.head = FullHead(model)
         self.device = self.head.weight.device
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
@@ -84,6 +85,15 @@ class Body:
         if state is not None:
             state.upkeep()  # a replayed step runs none of the state's Python
         return out
+
+    def tree(self, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+        """One pass over a draft tree's rows at the cache's position (:meth:`Step.tree
+        <trimpass.hf.step.Step.tree>`), which it leaves where it was: every row's hidden state.
+        One graph for every row count."""
+        for t, dims in ((ids, (1,)), (depth, (0,)), (anc, (0, 1))):
+            for d in dims:
+                torch._dynamo.maybe_mark_dynamic(t, d)
+        return self.tree_graph(ids, self.cache, depth, anc)
 
     def run(self, ids: torch.Tensor, at: int):
         """:meth:`here` from position ``at`` (set from the host)."""

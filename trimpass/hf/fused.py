@@ -21,9 +21,9 @@ warning. Batch 1 only. Diagnostics (the trace and replay of a call,
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -31,74 +31,20 @@ from trimpass import measure
 from trimpass.config import disabled
 from trimpass.hf.body import Body
 from trimpass.hf.costs import RoundCosts
+from trimpass.hf.fused_stats import FusedStats, row_classes
 from trimpass.hf.rounds import METHODS, Buffers, Rounds
 from trimpass.hf.sampler import Sampler
-from trimpass.loops.stats import LoopStats
 from trimpass.measure import compiled_graphs
 from trimpass.spec import verify
 from trimpass.spec.config import BudgetConfig, GenerateConfig
 from trimpass.spec.control.controller import Controller
+from trimpass.spec.control.dcut import best_prefix
+from trimpass.spec.drafts import Drafts
 from trimpass.spec.proposers.lookup import LookupProposer
 from trimpass.spec.proposers.suffix import SuffixProposer
+from trimpass.spec.tree import DraftTree
 
 log = logging.getLogger("trimpass")
-
-
-@dataclass
-class FusedStats(LoopStats):
-    body_steps: int = 0  # one-token body passes (prefill not counted)
-    trimmed_calls: int = 0  # body steps that ran the trimmed head
-    verifications: int = 0  # batched full-head products
-    rechecks: int = 0  # rows computed again alone at a near-tie
-    warm_up_s: float = 0.0  # the first call's compile (every graph the loop runs)
-    graphs: int = 0  # graphs that compile compiled
-    batched_passes: int = 0  # batched body passes verifying lookup drafts
-    lookup_rounds: int = 0  # of rounds, those that verified lookup drafts
-    lookup_drafted: int = 0
-    lookup_accepted: int = 0
-    suffix_rounds: int = 0  # of rounds, those that verified the suffix index's drafts
-    suffix_drafted: int = 0
-    suffix_accepted: int = 0
-    head_upcast: bool = False  # several-row full-head products run upcast (trimpass.hf.upcast)
-    body_upcast: int = 0  # the body's linears over several rows that run upcast
-
-    def as_dict(self) -> dict:
-        free = {k: dict(rounds=getattr(self, f"{k}_rounds"), drafted=getattr(self, f"{k}_drafted"),
-                        accepted=getattr(self, f"{k}_accepted")) for k in ("lookup", "suffix")}
-        own = {k: getattr(self, k) - sum(f[k] for f in free.values())
-               for k in ("rounds", "drafted", "accepted")}
-        return dict(mode="fused", rounds=self.rounds, drafted=self.drafted,
-                    accepted=self.accepted, emitted=self.emitted, body_steps=self.body_steps,
-                    trimmed_calls=self.trimmed_calls, verifications=self.verifications,
-                    rechecks=self.rechecks, acceptance=self.acceptance, mat=self.mat,
-                    warm_up_s=self.warm_up_s, graphs=self.graphs,
-                    batched_passes=self.batched_passes, head_upcast=self.head_upcast,
-                    body_upcast=self.body_upcast,
-                    passes_per_token=(self.body_steps + self.batched_passes)
-                    / max(self.emitted, 1),
-                    sources=dict(**free, self=own))
-
-    def counted(self, k: int, n: int, source: str) -> None:
-        """One round of ``k`` tokens drafted by ``source`` of which ``n`` were kept."""
-        self.rounds, self.drafted, self.accepted = self.rounds + 1, self.drafted + k, \
-            self.accepted + n
-        self.verifications += 1
-        if source != "self":
-            self.batched_passes += 1
-            for name, add in (("rounds", 1), ("drafted", k), ("accepted", n)):
-                setattr(self, f"{source}_{name}", getattr(self, f"{source}_{name}") + add)
-        else:
-            self.body_steps, self.trimmed_calls = self.body_steps + k, self.trimmed_calls + k
-
-
-def row_classes(tokens: int) -> tuple:
-    """The padded row counts of a lookup pass over a pending token and up to ``tokens`` drafted
-    ones: powers of two from 4 up to the first that holds them all (4, 8, 16 for 15 tokens)."""
-    sizes, s = [], 4
-    while not sizes or sizes[-1] < tokens + 1:
-        sizes.append(s)
-        s *= 2
-    return tuple(sizes)
 
 
 class FusedLoop:
@@ -119,7 +65,8 @@ class FusedLoop:
         self.gamma, self.confidence = config.gamma, float(config.confidence)
         self.lookup = config.lookup if self.speculate else None
         self.suffix = config.suffix if self.speculate else None
-        self.lookup_tokens = config.free_tokens if self.speculate else 0  # a free draft's most
+        self.tree = config.tree if self.speculate else None
+        self.lookup_tokens = config.free_tokens if self.speculate else 0  # a free pass's most
         self.row_classes = row_classes(self.lookup_tokens) if self.lookup_tokens else ()
         slack = self.row_classes[-1] if self.row_classes else 0
         self.body = Body(model, self.speculate, backend, plain, slack=slack)
@@ -131,7 +78,7 @@ class FusedLoop:
         self.graphs = {name: torch.compile(getattr(self.rounds, name), backend=plain,
                                            fullgraph=True) for name in METHODS}
         self.stats = FusedStats(name="fused")
-        self.costs = RoundCosts(self.gamma)
+        self.costs = RoundCosts(self.gamma, self.row_classes)
         deepest = max(self.gamma, self.lookup_tokens)
         free = self.lookup or self.suffix is not None
         self.controller = Controller(BudgetConfig(lookup=free).for_engine(deepest), deepest,
@@ -149,12 +96,14 @@ class FusedLoop:
             self.rounds.upcast = self.stats.head_upcast = self.head.calibrate()
             rounds = self._scratch(None)
             if self.lookup_tokens:  # the rounds' first costs, each from the same cache length
-                one, deep, look = (measure.best_ms(lambda r=r: (body.rollback(2), r())) / 1e3
-                                   for r in (rounds[0], rounds[-2], rounds[-1]))
+                own = len(rounds) - len(self.row_classes)
+                one, deep, *passes = (measure.best_ms(lambda r=r: (body.rollback(2), r())) / 1e3
+                                      for r in (rounds[0], rounds[own - 1], *rounds[own:]))
                 step = (deep - one) / (self.gamma - 1) if self.gamma > 1 else one / 2
                 self.costs.time("step_s", max(step, 1e-6))
                 self.costs.time("head_s", max(one - step, 1e-6))
-                self.costs.time("verify_s", look)
+                for rows, seconds in zip(self.row_classes, passes, strict=True):
+                    self.costs.time_pass(rows, seconds)
         upcast, self.warmed = self.stats.head_upcast, True
         self.stats = s = FusedStats(name="fused", head_upcast=upcast)  # scratch rounds uncounted
         self.costs.restart()  # the scratch rounds' stops forgotten
@@ -177,8 +126,8 @@ class FusedLoop:
         self._first(body.prefill(ids[None, :2])[0], sampler)
         rounds = [lambda: self._plain(sampler)] if not self.speculate else \
             [lambda k=k: self._self_round(0, k, 2, sampler) for k in sorted({1, self.gamma})]
-        rounds += [lambda: self._lookup_round(token, ids[2:].tolist(), 2, sampler)] \
-            * bool(self.lookup_tokens)
+        rounds += [lambda S=S: self._tree_round(token, DraftTree.chain(ids[2:S + 1].tolist()), 2,
+                                                sampler) for S in self.row_classes]
         for run in rounds:
             body.rollback(2)
             run()
@@ -218,10 +167,7 @@ class FusedLoop:
         for j in (j for j, t in enumerate(ties) if t):
             if j > verify.agreed(ids, d):
                 break
-            scratch = (self.buf.tok.clone(), self.body.cache.pos.clone())
-            ids[j] = self._read(self.graphs["token"](H[j:j + 1].clone(), *scratch, self.buf.warp,
-                                                     advance=False, **self._flags(None)))[0]
-            self.stats.rechecks += 1
+            ids[j] = self._alone(H[j:j + 1])
         n = verify.agreed(ids, d)
         new = d[:n] + ([ids[n]] if n < len(ids) else [])
         self.buf.tok.fill_(new[-1])
@@ -242,17 +188,55 @@ class FusedLoop:
             self.body.tell("on_pass", at + j, torch.tensor([[t]]))  # diagnostics, once read
         return out
 
-    def _lookup_round(self, token: int, proposal: list[int], at: int, sampler):
-        """Verify a lookup ``proposal`` after the pending ``token`` at ``at`` in one body pass
-        padded to a row class: its longest agreeing prefix and the target's own next token;
-        (emitted ids, kept n, -, the proposal)."""
-        b, m = self.buf, len(proposal)
+    def _tree_round(self, token: int, tree: DraftTree, at: int, sampler):
+        """Verify a free draft ``tree`` (a chain is one) after the pending ``token`` at ``at`` in
+        one body pass padded to a row class (:meth:`Rounds.walk
+        <trimpass.hf.rounds.Rounds.walk>`); (emitted ids, kept n, the kept nodes' indices)."""
+        b, m = self.buf, len(tree)
         S = next(s for s in self.row_classes if s >= m + 1)
-        rows = torch.tensor([m, token, *proposal] + [0] * (S - m))
-        b.rows[:S + 2].copy_(rows, non_blocking=True)
-        self.body.tell("on_pass", at, rows[1:S + 1].view(1, S))
-        hs = self.body.here(b.rows[1:S + 1].view(1, S))[0]
-        return self._accept(hs, b.rows[2:S + 2], b.rows[:1], m, False, sampler, at)
+        ids, depth, anc = tree.rows(token)
+        pad = S - m - 1
+        anc = [row + [False] * pad for row in anc] + \
+            [[k == i for k in range(S)] for i in range(m + 1, S)]  # padding sees itself
+        b.pack_tree(m, ids + [0] * pad, depth + [0] * pad,
+                    [0] + [p + 1 for p in tree.parents] + [0] * pad, anc)
+        count, rows, deep, parent, seen = b.tree_views(S)
+        hs = self.body.tree(rows.view(1, S), deep, seen)
+        for t in (hs, rows, parent, deep, seen):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        kv = [t for layer in self.body.cache.layers for t in (layer.keys, layer.values)]
+        packed = self.graphs["walk"](hs, rows, parent, seen, deep, count, kv, b.tok,
+                                     self.body.cache.pos, b.warp, **self._flags(sampler))
+        v = self._read(packed)
+        n, path, ties, target = v[0], v[2:2 + S], v[2 + S:2 + 2 * S], v[2 + 2 * S:]
+        if sampler is None and any(ties[r] for r in path[:n + 1]):
+            n = self._recheck_path(hs, path, n, ties, target, at)
+        out = [ids[r] for r in path[1:n + 1]] + [target[path[n]]]
+        self.body.tell("on_pass", at, torch.tensor([[token] + out[:-1]]))  # diagnostics
+        return out, n, [r - 1 for r in path[1:n + 1]]
+
+    def _recheck_path(self, hs, path: list, n: int, ties: list, target: list, at: int) -> int:
+        """A tree pass's near-tie rows on its kept path computed again alone, as plain decoding
+        computes them (a rare second read); where one changes, the path ends there with the
+        token computed alone, and the pending token and position follow. Returns the kept
+        count."""
+        for k, r in enumerate(path[:n + 1]):
+            if not ties[r]:
+                continue
+            t = self._alone(hs[r:r + 1])
+            if t != target[r]:
+                target[r], n = t, k
+                self.buf.tok.fill_(t)
+                self.body.cache.seek(at + k + 1)
+                break
+        return n
+
+    def _alone(self, h) -> int:
+        """The full head's greedy token from one row alone; the loop's state untouched."""
+        scratch = (self.buf.tok.clone(), self.body.cache.pos.clone())
+        self.stats.rechecks += 1
+        return self._read(self.graphs["token"](h.clone(), *scratch, self.buf.warp, advance=False,
+                                               **self._flags(None)))[0]
 
     def _plain(self, sampler, token: int = 0, at: int = 0) -> list[int]:
         """Plain decoding's step (the pending ``token`` at ``at``) through the same compiled body:
@@ -282,14 +266,21 @@ class FusedLoop:
         offered = [p.draft([0], [len(text) - len(new)], lambda i, a, b: text[a:b], [new],
                            budget - 1) for p in proposers] if budget > 1 else []
         look = self.controller.prices.choose(*offered)
+        tree = self._tree(offered, proposers, budget) if look is not None and self.tree else None
+        priced = look if tree is None else Drafts.of(
+            [tree.ids], look.source[0], [look.match[0]], confidence=tree.confidences(),
+            parents=tree.parents)
         k = min(self.costs.depth(self.gamma, self.confidence), budget)
-        plan = self.controller.plan(1, self.gamma, look, depths=(k,) if look is None else (0, k))
+        plan = self.controller.plan(1, self.gamma, priced, depths=(k,) if look is None else (0, k))
         sent = None
         if look is not None and not plan.depth:
             sent = look.source[0]
-            out, n, _, d = self._lookup_round(token, look.row(0), at, sampler)
-            self.costs.time("verify_s", time.perf_counter() - t0)
-            self.stats.counted(len(d), n, sent)
+            draft = DraftTree.chain(look.row(0)) if tree is None else tree.prefix(self._size(tree))
+            out, n, kept = self._tree_round(token, draft, at, sampler)
+            self.costs.time_pass(len(draft) + 1, time.perf_counter() - t0)
+            self.stats.counted(len(draft), n, sent)
+            self.stats.tree_rounds += draft.parents != list(range(-1, len(draft) - 1))
+            self.stats.branch_kept += n - verify.agreed(out, draft.main())
         else:
             out, n, stop, d = self._self_round(token, k, at, sampler)
             self.costs.self_round(k, time.perf_counter() - t0)
@@ -298,10 +289,32 @@ class FusedLoop:
             self.controller.offer(0, "self", d, k)
         for free in (f for f in offered if f.counts[0]):
             source = free.source[0]
-            self.controller.offer(0, source, free.row(0), free.counts[0] * (source == sent),
+            sends = source == sent or (sent is not None and tree is not None)
+            self.controller.offer(0, source, free.row(0), free.counts[0] * sends,
                                   match=free.match[0])
         self.controller.observe([0], [out])
         return out
+
+    def _tree(self, offered: list, proposers: list, budget: int) -> DraftTree:
+        """This round's free drafts as one tree: the suffix index's every continuation and the
+        lookup draft, each node valued from its source's price record (its acceptance by
+        depth) and its share among its siblings; the ``tree.size`` best, best-first."""
+        deep, trees = min(self.tree.depth, budget - 1), []
+        for drafts, proposer in zip(offered, proposers, strict=True):
+            if drafts.counts[0]:
+                grown = proposer.tree(0, self.tree.size, deep) if hasattr(proposer, "tree") \
+                    else DraftTree.chain(drafts.row(0))
+                trees.append(self.controller.prices.valued(grown, drafts.source[0],
+                                                           drafts.match[0]))
+        return functools.reduce(DraftTree.merged, trees).best_first(self.tree.size, deep)
+
+    def _size(self, tree: DraftTree) -> int:
+        """How many of a best-first ``tree``'s nodes to verify: the prefix of best expected
+        tokens per second by the passes' measured costs (D-Cut's rule over the nodes' values)."""
+        priced = self.costs.price(1, 0)
+        if priced is None:
+            return len(tree)
+        return best_prefix(tree.confidences(), priced[0])
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens, sampler: Sampler | None, eos: set[int],

@@ -16,6 +16,14 @@ loop's persistent buffers (:class:`Buffers`), so that a round is graphs plus one
   token, moves ``pos`` to the end of what it kept (a rollback) and returns one packed int64
   tensor: the kept count, the depth where the drafter's confidence first dropped below
   ``confidence``, then per row the near-tie flag, the target's token and the drafted token.
+* :meth:`Rounds.walk` verifies a draft tree's rows (a free draft's pass: a chain is a tree too):
+  every row's target token (the argmax, or a draw from the target's distribution), a node kept
+  where its token is its parent's target token and its parent was kept; the deepest kept node's
+  path is the accepted one (siblings hold distinct tokens: at most one path), its keys and values
+  moved to the positions after the pending token's in every layer, the rest left past ``pos``
+  (rolled back). Sampled, each row draws its token independently and a node is kept where it
+  equals its parent's draw: SpecInfer's recursive rejection over siblings whose drafts are point
+  masses, every emitted token distributed as the target's (:func:`~trimpass.spec.verify.walk`).
 * :meth:`Rounds.token` is plain decoding's (and the prefill's) token from one hidden state.
 
 The target's distribution is Hugging Face's (temperature, top-k, top-p in that order, as its
@@ -34,7 +42,7 @@ from trimpass.hf.step import own_code
 from trimpass.spec import verify
 from trimpass.spec.verify import race
 
-METHODS = ("keep", "accept", "token")
+METHODS = ("keep", "accept", "walk", "token")
 
 
 def warped(z: torch.Tensor, warp: torch.Tensor, top_k: bool, top_p: bool) -> torch.Tensor:
@@ -56,9 +64,10 @@ def warped(z: torch.Tensor, warp: torch.Tensor, top_k: bool, top_p: bool) -> tor
 class Buffers:
     """The loop's persistent device buffers (static addresses): the pending token ``tok``; per
     round of up to ``depth`` rows the hidden states ``H``, drafted ids ``D``, confidences ``C``,
-    the drafter's distributions ``Q`` (sampling) and the row cursor ``j``; ``rows`` for a padded
-    lookup pass (its draft count, then its ids); ``warp`` (temperature, top-k, top-p) and
-    ``confidence``."""
+    the drafter's distributions ``Q`` (sampling) and the row cursor ``j``; ``tree``: a free draft's
+    pass of up to ``rows`` rows (a tree; a chain is one), packed (its node count, then per row its
+    token, depth and parent, then the rows' ancestor matrix: :meth:`tree_views`); ``warp``
+    (temperature, top-k, top-p) and ``confidence``."""
 
     def __init__(self, depth: int, width: int, vocab: int, rows: int, dtype, device,
                  confidence: float):
@@ -71,9 +80,28 @@ class Buffers:
         self.D = static(torch.zeros(depth, **long))
         self.C = static(torch.zeros(depth, device=device))
         self.Q = static(torch.zeros(depth, vocab, device=device))
-        self.rows = static(torch.zeros(rows + 2, **long))
+        self.most = rows
+        self.tree = static(torch.zeros(1 + 3 * rows + rows * rows, **long))
         self.warp = static(torch.tensor([1.0, vocab, 1.0], device=device))
         self.confidence = static(torch.tensor(float(confidence), device=device))
+
+
+    def tree_views(self, S: int) -> tuple:
+        """(node count [1], tokens [S], depths [S], parents [S], ancestors [S, S]) of a pass of
+        ``S`` rows: contiguous views at fixed offsets of :attr:`tree`."""
+        t, M = self.tree, self.most
+        anc = t[1 + 3 * M:1 + 3 * M + S * S].view(S, S)
+        return t[:1], t[1:1 + S], t[1 + M:1 + M + S], t[1 + 2 * M:1 + 2 * M + S], anc
+
+    def pack_tree(self, m: int, ids: list, depth: list, parent: list, anc: list) -> None:
+        """One host-to-device copy of a tree pass's rows (:meth:`tree_views`' layout)."""
+        M, S = self.most, len(ids)
+        host = torch.zeros(1 + 3 * M + M * M, dtype=torch.long)
+        host[0] = m
+        for k, v in enumerate((ids, depth, parent)):
+            host[1 + k * M:1 + k * M + S] = torch.tensor(v, dtype=torch.long)
+        host[1 + 3 * M:1 + 3 * M + S * S] = torch.tensor(anc, dtype=torch.long).view(-1)
+        self.tree.copy_(host, non_blocking=True)
 
 
 class Rounds(torch.nn.Module):
@@ -141,6 +169,33 @@ class Rounds(torch.nn.Module):
         low = (C < confidence) if drafted else torch.zeros_like(keep)
         stop = torch.where(low.any(), low.long().argmax() + 1, R + 1)
         return torch.cat([n.view(1), stop.view(1), ties, ids, D])
+
+    def walk(self, H, ids, parent, anc, depth, m, kv: list, tok, pos, warp, sampled: bool,
+             top_k: bool, top_p: bool):
+        """Verify a tree pass's ``R`` rows (row 0 the pending token at ``pos``, rows ``1..m`` the
+        nodes, the rest padding; ``H`` their hidden states, ``ids`` their tokens): keep the deepest
+        accepted path, move its keys and values in ``kv`` (every layer's) to ``pos + 0..n``, set
+        the pending token and ``pos``. Returns the kept count, the deepest kept row, the path's
+        rows by depth, then per row the near-tie flag and the target's token."""
+        R = H.shape[0]
+        rows = torch.arange(R, device=H.device)
+        z = self.logits(H)
+        if sampled:
+            ids_t = race(torch.softmax(warped(z, warp, top_k, top_p), dim=-1))
+            ties = torch.zeros(R, dtype=torch.long, device=H.device)
+        else:
+            top = z.topk(2, dim=-1)
+            ids_t = top.indices[:, 0]
+            gap = top.values[:, 0].float() - top.values[:, 1].float()
+            ties = (gap <= verify.tolerance(top.values[:, 0], z.dtype)).long()
+        best, path = verify.walk(ids, parent, anc != 0, depth, ids_t, rows <= m)
+        n = depth.index_select(0, best)
+        src, dst = pos + path, pos + rows
+        for t in kv:
+            t.index_copy_(2, dst, t.index_select(2, src))
+        tok.copy_(ids_t.index_select(0, best).view(1, 1))
+        pos.add_(n[0] + 1)
+        return torch.cat([n, best, path, ties, ids_t])
 
     def token(self, h, tok, pos, warp, sampled: bool, top_k: bool, top_p: bool,
               advance: bool):

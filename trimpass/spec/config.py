@@ -15,6 +15,9 @@ POLICIES = {"dcut": True, "all-or-nothing": True, "fixed": False, "none": False,
 PROBE = 1 / 16  # the share of skipped seconds a budget's probes may spend
 WHOLE = "a positive integer"
 LOOKUP_TOKENS = 15  # the fused loop's lookup drafts: verified in one batched pass
+# the rows past its capacity the fused loop's cache lets one round's pass write and roll back:
+# a tree verified in one pass holds at most this many rows, its root (the pending token) included
+TREE_ROWS = 64
 
 
 def positive_int(name: str, value, what: str, kind: str = "an int >= 1") -> None:
@@ -143,6 +146,43 @@ class SuffixConfig:
 
 
 @dataclass(frozen=True)
+class TreeConfig:
+    """Free drafts verified as a tree: up to ``size`` drafted tokens in one pass (the suffix
+    index's continuations best-first by estimated probability, the lookup draft beside them), none
+    deeper than ``depth``; each round verifies the prefix of that tree worth the most tokens per
+    measured second."""
+    size: int = LOOKUP_TOKENS
+    depth: int = LOOKUP_TOKENS
+
+    def __post_init__(self):
+        most = TREE_ROWS - 1
+        for name, v, what in (("size", self.size, "drafted tokens verified in one pass"),
+                              ("depth", self.depth, "the deepest drafted token")):
+            positive_int(f"tree {name}", v, what, WHOLE)
+            if v > most:
+                raise ValueError(f"tree {name}: the loop's cache rolls back at most {TREE_ROWS} "
+                                 f"rows a pass (the pending token and {most} drafted), got {v}; "
+                                 f"ask for at most {most}")
+        if self.depth > self.size:
+            raise ValueError(f"tree depth: at most size ({self.size}), got {self.depth}")
+
+    @classmethod
+    def of(cls, value) -> TreeConfig | None:
+        """``True`` (the defaults), ``False``/``None`` (chains), a dict of fields or a
+        TreeConfig."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return from_dict(cls, value, "tree")
+        raise ValueError(f"tree: True, False, a dict of size and depth or a TreeConfig, got "
+                         f"{type(value).__name__}")
+
+
+@dataclass(frozen=True)
 class Sampling:
     """``model.generate``'s sampling settings (``do_sample=False``: greedy)."""
     do_sample: bool = False
@@ -168,15 +208,19 @@ class Sampling:
 class GenerateConfig:
     """:func:`trimpass.generate`'s loop: the trimmed head drafts up to ``gamma`` tokens, stopping
     below ``confidence``; ``lookup`` adds drafts from the text repeating itself, ``suffix`` from
-    the suffix index (the text and its tenant's earlier outputs; None: off)."""
+    the suffix index (the text and its tenant's earlier outputs; None: off), verified as one
+    ``tree`` (None: as the better chain)."""
     gamma: int = 8  # x1.67 the plain target against x1.49 at a fixed 4 (bench/results/peers.md)
     confidence: float = 0.4
     lookup: LookupConfig | None = field(default_factory=LookupConfig)
     sampling: Sampling = field(default_factory=Sampling)
     suffix: SuffixConfig | None = field(default_factory=SuffixConfig)
+    tree: TreeConfig | None = field(default_factory=TreeConfig)
 
     def __post_init__(self):
         check_schedule(self.gamma, self.confidence)
+        if self.tree is not None and not isinstance(self.tree, TreeConfig):
+            raise ValueError(f"tree: a TreeConfig or None, got {type(self.tree).__name__}")
         if self.lookup is not None and not isinstance(self.lookup, LookupConfig):
             raise ValueError(f"lookup: a LookupConfig or None, got {type(self.lookup).__name__}")
         if self.lookup is not None and self.lookup.tokens is None:
@@ -192,11 +236,12 @@ class GenerateConfig:
 
     @property
     def free_tokens(self) -> int:
-        """The longest free draft (lookup or suffix index) a round verifies."""
-        return max(self.lookup_tokens, 0 if self.suffix is None else self.suffix.tokens)
+        """The most free drafted tokens (lookup, suffix index, their tree) a round verifies."""
+        chains = max(self.lookup_tokens, 0 if self.suffix is None else self.suffix.tokens)
+        return max(chains, self.tree.size) if self.tree is not None and chains else chains
 
     @classmethod
-    def of(cls, gamma=None, confidence=None, lookup=True, suffix=True,
+    def of(cls, gamma=None, confidence=None, lookup=True, suffix=True, tree=True,
            **sampling) -> GenerateConfig:
         """From :func:`trimpass.generate`'s arguments (None: the default)."""
         base, most = cls.__dataclass_fields__, LookupConfig.tokens
@@ -209,7 +254,7 @@ class GenerateConfig:
         return cls(gamma=base["gamma"].default if gamma is None else gamma,
                    confidence=base["confidence"].default if confidence is None else confidence,
                    lookup=LookupConfig.of(lookup), sampling=Sampling(**sampling),
-                   suffix=SuffixConfig.of(suffix))
+                   suffix=SuffixConfig.of(suffix), tree=TreeConfig.of(tree))
 
 
 def check_schedule(gamma, confidence) -> None:

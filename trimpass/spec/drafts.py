@@ -1,8 +1,10 @@
 """One step's drafts, as one ragged record for a whole batch (vLLM's ``SpecDecodeMetadata`` shape):
-flat ids, per request their count, offset, source and match length, and a confidence per drafted
-token where the source has one. Proposers return it, verification takes it, and the budget reads
-it (:meth:`Drafts.per_request` gives its older per-request view). Host data: a step's drafts are a
-few dozen ids."""
+flat ids, per request their count, offset, source and match length, a confidence per drafted
+token where the source has one, and where the drafts are trees each id's parent (a tree's ids
+best-first: its confidences are each node's value over the one before,
+:meth:`~trimpass.spec.tree.DraftTree.confidences`). Proposers return it, verification takes it,
+and the budget reads it (:meth:`Drafts.per_request` gives its older per-request view). Host data:
+a step's drafts are a few dozen ids."""
 from __future__ import annotations
 
 import itertools
@@ -20,6 +22,7 @@ class Drafts:
     source: tuple  # per request: one of SOURCES
     match: tuple  # per request: the lookup suffix it matched (0 for other sources)
     confidence: tuple | None = None  # per drafted id, where the source has one
+    parents: tuple | None = None  # per drafted id of a tree: its parent's index in its row, or -1
 
     def __post_init__(self):
         n = len(self.counts)
@@ -32,9 +35,11 @@ class Drafts:
             raise ValueError(f"Drafts: source must be one of {SOURCES}, got {self.source}")
         if self.confidence is not None and len(self.confidence) != len(self.ids):
             raise ValueError("Drafts: one confidence per drafted id")
+        if self.parents is not None and len(self.parents) != len(self.ids):
+            raise ValueError("Drafts: one parent per drafted id")
 
     @classmethod
-    def of(cls, rows, source: str | list, match=None, confidence=None) -> Drafts:
+    def of(cls, rows, source: str | list, match=None, confidence=None, parents=None) -> Drafts:
         """From per-request rows of ids (None or empty: nothing drafted)."""
         rows = [list(r) if r else [] for r in rows]
         sources = [source] * len(rows) if isinstance(source, str) else list(source)
@@ -42,7 +47,8 @@ class Drafts:
         return cls(ids=tuple(itertools.chain.from_iterable(rows)),
                    counts=tuple(len(r) for r in rows), source=tuple(sources),
                    match=tuple(match if match is not None else [0] * len(rows)),
-                   confidence=None if confidence is None else tuple(confidence))
+                   confidence=None if confidence is None else tuple(confidence),
+                   parents=None if parents is None else tuple(parents))
 
     @classmethod
     def empty(cls, requests: int) -> Drafts:

@@ -152,3 +152,41 @@ def greedy_walk(children: dict, target_next: Callable[[int], int], limit: int) -
         if node is None:
             break
     return out
+
+
+def walk(ids: torch.Tensor, parent: torch.Tensor, anc: torch.Tensor, depth: torch.Tensor,
+         target: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft tree's verification on the device, without a host read: rows ``ids`` [R] (row 0
+    the root), each row's ``parent`` (the root's: anything), ``anc`` [R, R] (ancestors and
+    itself), ``depth`` [R], the target's token at each row ``target`` [R] (its argmax, or a draw
+    from its distribution) and which rows are ``real`` (not padding). A node is kept where its
+    token is its parent's target token and every ancestor was kept; with distinct siblings at
+    most one node per depth is. Returns the deepest kept row (a 1-element tensor) and the
+    accepted path's rows by depth [R] (past its end: row 0). Sampled, this is SpecInfer's
+    recursive rejection over siblings for point-mass drafts (:func:`siblings`): the first token
+    after each kept node is the target's own draw."""
+    R = ids.shape[0]
+    rows = torch.arange(R, device=ids.device)
+    match = ((ids == target[parent.clamp(min=0)]) & real) | (rows == 0)
+    kept = ~(anc & ~match[None, :]).any(1)
+    best = (depth * kept).argmax().view(1)  # a 1-element index: a 0-d one is read on the host
+    path = (anc.index_select(0, best) & (depth[None, :] == rows[:, None])).long().argmax(1)
+    return best, path
+
+
+def siblings(p: torch.Tensor, drafts: list, generator: torch.Generator | None = None):
+    """SpecInfer's recursive rejection over the children of one node: ``p`` [V] the target's
+    distribution there, ``drafts`` each child's ``(token, q)`` (``q`` [V] the distribution its
+    token was drawn from; a point mass for a deterministic draft). Each child in turn is kept with
+    probability ``min(1, r(x) / q(x))``, ``r`` starting at ``p`` and after each rejection ``(r -
+    q)+`` normalized; returns (the kept child's index, None), or (None, a token drawn from ``r``)
+    when every child was rejected. The emitted token is distributed as ``p`` (a reference)."""
+    r = p.double() / p.sum()
+    for i, (x, q) in enumerate(drafts):
+        q = q.double()
+        u = torch.rand((), generator=generator, dtype=torch.float64)
+        if float(u * q[x]) < float(r[x]):
+            return i, None
+        r = (r - q).clamp(min=0)
+        r = r / r.sum() if float(r.sum()) > 0 else p.double() / p.sum()
+    return None, int(torch.multinomial(r, 1, generator=generator))

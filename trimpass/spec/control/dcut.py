@@ -165,6 +165,13 @@ def best_rate(confidences, cost: Cost, draft_time: float = 0.0) -> float:
     return _best(_rank(torch.cumprod(c, dim=1).cpu())[1], cost, c.shape[0], dt)[1]
 
 
+def best_prefix(confidences, cost: Cost) -> int:
+    """How many tokens of one request's draft (``confidences`` [gamma], each over the one before:
+    a chain, or a best-first tree's nodes) :func:`dcut` verifies at ``cost``: at least one."""
+    c = torch.as_tensor(confidences, dtype=torch.float64).view(1, -1)
+    return max(1, int(dcut(c, cost)[0]))
+
+
 def tabled(cost: Cost, batch: int, most: int) -> Cost:
     """``cost`` read once at ``batch`` for every total up to ``most`` drafted tokens: a cost that
     indexes those seconds (for pricing several drafts of one batch against one cost)."""

@@ -115,10 +115,22 @@ class Sources:
         for k in sources:
             self.records[k] = self.records[k].clone()
 
+    def valued(self, tree, source: str, match: int):
+        """A :class:`~trimpass.spec.tree.DraftTree` of ``source`` valued by its record at
+        ``match`` (its measured acceptance by depth along its main path)."""
+        record = self.records[source]
+        return tree.valued(record.table()[int(record.rows_of(match))].tolist())
+
     def priced(self, drafts: Drafts) -> torch.Tensor:
         """Confidences [B, gamma] of each request's free draft (lookup or suffix index), from
-        its own source's record."""
+        its own source's record; a tree's (drafts with parents) are its own, its nodes' values
+        from that record (:meth:`~trimpass.spec.tree.DraftTree.valued`)."""
         theirs = torch.zeros(len(drafts), self.gamma, dtype=torch.float64)
+        if drafts.parents is not None:
+            for i, start in enumerate(drafts.offsets):
+                n = min(drafts.counts[i], self.gamma)
+                theirs[i, :n] = torch.tensor(drafts.confidence[start:start + n])
+            return theirs
         for source in set(drafts.source) - {"none", "self"}:
             rows = [i for i, s in enumerate(drafts.source) if s == source]
             theirs[rows] = self.records[source].confidences(

@@ -11,7 +11,11 @@ with separators (no match can cross one), and :meth:`Arena.compacted` rebuilds t
 live texts, its chains built vectorized."""
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
+
+from trimpass.spec.tree import DraftTree
 
 ANCHORS = (8, 2)  # chain widths, most selective first: tokens a candidate must share to be walked
 WALK = 64  # candidates walked per chain, newest first
@@ -238,15 +242,7 @@ def vote(sources: list, limit: int, min_prob: float) -> tuple[list[int], list[fl
     ids, probs, cum = [], [], 1.0
     live = [(a, np.asarray(p, dtype=np.int64), per) for a, p, per in sources if len(p)]
     for step in range(limit):
-        vals, alive = [], []
-        for arena, at, period in live:
-            idx = at + step
-            if period:
-                idx = at + step % np.maximum(arena.used - at, 1)
-            ok = idx < arena.used
-            v = np.where(ok, arena.tokens[np.minimum(idx, arena.capacity - 1)], -1)
-            vals.append(v)
-            alive.append((arena, at, period))
+        vals = _continuations(live, step)
         every = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
         good = every[every >= 0]
         if not len(good):
@@ -254,15 +250,63 @@ def vote(sources: list, limit: int, min_prob: float) -> tuple[list[int], list[fl
         uniq, counts = np.unique(good, return_counts=True)
         best = counts.max()
         tied = uniq[counts == best]
-        token = int(tied[0]) if len(tied) == 1 else _newest(tied, vals, alive)
+        token = int(tied[0]) if len(tied) == 1 else _newest(tied, vals, live)
         p = float(best) / len(every)
         if cum * p < min_prob:
             break
         cum *= p
         ids.append(token)
         probs.append(p)
-        live = [(a, at[v == token], per) for (a, at, per), v in zip(alive, vals, strict=True)]
+        live = [(a, at[v == token], per) for (a, at, per), v in zip(live, vals, strict=True)]
     return ids, probs
+
+
+def tree_vote(sources: list, size: int, depth: int, min_prob: float) -> DraftTree:
+    """:func:`vote`'s continuations as a tree, best-first by estimated probability (SuffixDecoding's
+    tree): from the root, the next node is always the most probable continuation not yet taken
+    (its probability: the product of count shares along its path), while it stays at or above
+    ``min_prob``; at most ``size`` nodes, none deeper than ``depth``. A node's share is its count
+    over its parent's candidates; of equal counts the newest comes first."""
+    tree, deep = DraftTree(), {-1: 0}
+    live = [(a, np.asarray(p, dtype=np.int64), per) for a, p, per in sources if len(p)]
+    heap, serial = [(-1.0, 0, -2, -1, 1.0, live)], 1  # (-probability, order, parent, token, ...)
+    while heap and len(tree) < size:
+        neg, _, parent, token, share, live = heapq.heappop(heap)
+        node = -1 if parent == -2 else tree.add(token, parent, share)
+        step = deep[node] = 0 if node < 0 else deep[parent] + 1
+        if step >= depth:
+            continue
+        vals = _continuations(live, step)
+        every = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
+        good = every[every >= 0]
+        if not len(good):
+            continue
+        uniq, counts = np.unique(good, return_counts=True)
+        order = np.argsort(-counts, kind="stable")
+        tied = uniq[counts == counts.max()]
+        first = int(tied[0]) if len(tied) == 1 else _newest(tied, vals, live)
+        order = sorted(order.tolist(), key=lambda j: (-counts[j], int(uniq[j]) != first))
+        for j in order:
+            p = -neg * float(counts[j]) / len(every)
+            if p < min_prob:
+                break
+            t = int(uniq[j])
+            kept = [(a, at[v == t], per) for (a, at, per), v in zip(live, vals, strict=True)]
+            heapq.heappush(heap, (-p, serial, node, t, float(counts[j]) / len(every), kept))
+            serial += 1
+    return tree
+
+
+def _continuations(live: list, step: int) -> list:
+    """Per source the token ``step`` places after each candidate (-1 past its text)."""
+    vals = []
+    for arena, at, period in live:
+        idx = at + step
+        if period:
+            idx = at + step % np.maximum(arena.used - at, 1)
+        ok = idx < arena.used
+        vals.append(np.where(ok, arena.tokens[np.minimum(idx, arena.capacity - 1)], -1))
+    return vals
 
 
 def _newest(tied: np.ndarray, vals: list, sources: list) -> int:

@@ -17,8 +17,9 @@ from collections import OrderedDict
 import numpy as np
 
 from trimpass.spec.config import SuffixConfig, check_tenant
-from trimpass.spec.proposers.arena import Arena, vote
+from trimpass.spec.proposers.arena import Arena, tree_vote, vote
 from trimpass.spec.proposers.requests import PerRequest
+from trimpass.spec.tree import DraftTree
 
 SHARED = "*"  # the one arena's key where tenants share
 HEADROOM = 0.75  # evicting stops once the live texts fit this share of the cap
@@ -160,6 +161,7 @@ class SuffixProposer(PerRequest):
         self.config, self.store, self.default_tenant = config, store, tenant
         self.prompt: dict = {}  # request id -> its prompt's length (its output follows)
         self.tenant: dict = {}  # request id -> its tenant (None in ``draft``: the proposer's)
+        self.found: dict = {}  # request id -> its last draft's candidates (for :meth:`tree`)
 
     def fresh(self, rid, i: int, n: int, tenants) -> Arena:
         self.tenant.setdefault(rid, self.default_tenant if tenants is None else tenants[i])
@@ -179,16 +181,28 @@ class SuffixProposer(PerRequest):
         if theirs is not None:
             found.insert(0, (theirs, *theirs.candidates(tail, c.depth), 0))
         longest = max((int(L.max()) for _, _, L, _ in found if len(L)), default=0)
+        self.found[rid] = []
         if longest < c.min_match:
             return [], 0, []
         most = min(c.tokens, limit)
         if c.factor is not None:
             most = min(most, max(1, math.ceil(c.factor * longest)))
-        sources = [(a, at[L == longest], per) for a, at, L, per in found]
+        sources = self.found[rid] = [(a, at[L == longest], per) for a, at, L, per in found]
         ids, probs = vote(sources, most, c.min_prob)
         if ids and theirs is not None and len(sources[0][1]):
             self.store.touch(key, theirs, sources[0][1])
         return ids, longest, probs
+
+    def tree(self, rid, size: int, depth: int) -> DraftTree:
+        """Request ``rid``'s last draft as a tree of up to ``size`` tokens, none deeper than
+        ``depth``: every continuation of its longest matches, best-first by estimated
+        probability (:func:`~trimpass.spec.proposers.arena.tree_vote`)."""
+        return tree_vote(self.found.get(rid) or [], size, depth, self.config.min_prob)
+
+    def keep_only(self, req_ids) -> None:
+        super().keep_only(req_ids)
+        for rid in [r for r in self.found if r not in self.live]:
+            del self.found[rid]
 
     def finish(self, rid, output=None) -> None:
         """Request ``rid`` finished: its ``output`` (None: the arena's text past its prompt)
@@ -198,6 +212,6 @@ class SuffixProposer(PerRequest):
             output = own.tokens[self.prompt.get(rid, 0):own.used]
         if self.store is not None and output is not None and rid in self.tenant:
             self.store.add(self.tenant[rid], output)
-        for d in (self.live, self.expected, self.prompt, self.tenant):
+        for d in (self.live, self.expected, self.prompt, self.tenant, self.found):
             d.pop(rid, None)
 
