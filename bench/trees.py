@@ -46,8 +46,25 @@ def greedy_routes(model, n: int) -> list:
         trimpass.forget(model)
     return [Route("trimpass.generate, chains (tree=False)",
                   lambda ids: trimpass.generate(model, ids, n, tree=False), reset),
+            Route("chains sized by cost (trees without branches, diagnostic)",
+                  lambda ids: _unbranched(lambda: trimpass.generate(model, ids, n, tree={
+                      "size": 15, "depth": 14})), reset),  # its own loop and records
             Route("trimpass.generate, trees (defaults)",
                   lambda ids: trimpass.generate(model, ids, n), reset)]
+
+
+def _unbranched(call):
+    """``call`` with every tree cut to its main path (the better source's alone): what pricing
+    the verified prefix by the passes' measured costs gives without any branch."""
+    from trimpass.spec.proposers.suffix import SuffixProposer
+    from trimpass.spec.tree import DraftTree
+    tree, merged = SuffixProposer.tree, DraftTree.merged
+    SuffixProposer.tree = lambda self, *a: DraftTree.chain(tree(self, *a).main())
+    DraftTree.merged = lambda a, b: a if a.values[:1] >= b.values[:1] else b
+    try:
+        return call()
+    finally:
+        SuffixProposer.tree, DraftTree.merged = tree, merged
 
 
 def sampled_routes(model, n: int, t: float) -> list:
@@ -96,13 +113,13 @@ def report(rs, title: str, sampled: bool) -> None:
             same = "" if sampled else f", {r.same[s]}/{r.count[s]} same"
             g = f", {r.graphs[s]} graphs" if r.graphs[s] else ""
             cells.append(f"x{rate[r.name] / rate[base.name]:.2f}{same}{g}")
-        vs = rate[rs[-1].name] / rate[rs[-2].name]
+        vs = rate[rs[-1].name] / rate[rs[-2 if sampled else 0].name]
         print(f"| {s} | {base.count[s]} | " + " | ".join(cells) + f" | x{vs:.2f} |")
     over = {n: v[1] / v[0] for n, v in total.items()}
     cells = [f"{over[base.name]:.1f} tok/s"] + [f"x{over[r.name] / over[base.name]:.2f}"
                                                 for r in others]
     print("| **overall** | | " + " | ".join(cells) +
-          f" | **x{over[rs[-1].name] / over[rs[-2].name]:.2f}** |", flush=True)
+          f" | **x{over[rs[-1].name] / over[rs[-2 if sampled else 0].name]:.2f}** |", flush=True)
 
 
 @torch.no_grad()

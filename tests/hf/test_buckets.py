@@ -55,9 +55,9 @@ def test_the_fused_loop_compiles_nothing_after_its_first_call_whatever_the_lengt
     warm = torch.randint(0, V, (1, 5))
     trimpass.generate(model, warm, NEW, gamma=4, learn_core=64, **FAST)
     st = trimpass.stats(model)
-    # the body's one-token step and its many-row pass; the rounds' keep, accept (one row, several,
-    # a lookup pass's) and the prompt's token
-    assert st["graphs"] == 7 and st["warm_up_s"] > 0
+    # the body's one-token step, its many-row pass and its tree pass; the rounds' keep, accept
+    # (one row, several), the free pass's walk and the prompt's token
+    assert st["graphs"] == 8 and st["warm_up_s"] > 0
     loop = model._trimpass_fused
     graphs = compiled_graphs()
     with head_runs(loop.step) as runs:

@@ -83,9 +83,11 @@ class RoundCosts:
         return (lambda b, t: head), depth * self.step_s
 
     def reach(self, depth: int) -> int:
-        """The positions a self-draft round of ``depth`` verifies: all of them (its depth is fixed
-        before it runs)."""
-        return depth
+        """The drafted positions that add a token to a self-draft round of ``depth``: all but its
+        last (a round emits its kept drafts and, where one is rejected, the target's token; with
+        every draft kept there is no row for a token after them), so a round of depth 1 is worth
+        one token, as a plain step is."""
+        return max(depth - 1, 0)
 
     def verify_cost(self, batch: int):
         return None  # the loop verifies every drafted token: nothing to cut

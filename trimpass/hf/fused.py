@@ -145,7 +145,7 @@ class FusedLoop:
         return dict(sampled=sampler is not None, top_k=sampler is not None and sampler.top_k,
                     top_p=sampler is not None and sampler.top_p)
 
-    def _accept(self, H, D, m, drafts: int, drafted: bool, sampler, at: int):
+    def _accept(self, H, D, m, drafts: int, sampler, at: int):
         """Verify ``H`` [R, d] against ``D`` [R] (its first ``drafts`` rows drafted tokens) on the
         device, read the packed result once, recheck near-ties alone; (emitted ids, kept n, the
         drafter's stop depth, the drafted ids)."""
@@ -154,7 +154,7 @@ class FusedLoop:
         for t in (H, D, C, Q) if R > 1 else ():
             torch._dynamo.maybe_mark_dynamic(t, 0)
         packed = self.graphs["accept"](H, D, C, Q, m, b.tok, self.body.cache.pos, b.j, b.warp,
-                                       b.confidence, drafted, **self._flags(sampler))
+                                       b.confidence, **self._flags(sampler))
         v = self._read(packed)
         n, stop, ties, ids, d = v[0], v[1], v[2:2 + R], v[2 + R:2 + 2 * R], v[2 + 2 * R:]
         if any(ties[:n + 1]) and sampler is None:
@@ -183,7 +183,7 @@ class FusedLoop:
             h, z = self.body.here(b.tok)[1:]
             self.graphs["keep"](h, z, b.H, b.D, b.C, b.Q, b.j, b.tok, pos, b.warp,
                                 sampler is not None)
-        out = self._accept(b.H[:k], b.D[:k], k, k, True, sampler, at)
+        out = self._accept(b.H[:k], b.D[:k], k, k, sampler, at)
         for j, t in enumerate([token] + out[3][:k - 1] if self.body.hooks else []):
             self.body.tell("on_pass", at + j, torch.tensor([[t]]))  # diagnostics, once read
         return out
@@ -256,8 +256,8 @@ class FusedLoop:
 
     def _next(self, text: list[int], new: list[int], budget: int, sampler, proposers) -> list[int]:
         """One round after ``text`` (its last ``new`` tokens emitted last round), as the
-        controller plans it: a free round (depth 0) where the better priced of the lookup and
-        suffix-index drafts is worth more tokens per second than a trimmed self-draft of the
+        controller plans it: a free round (depth 0: the free drafts as one tree, or the better
+        priced chain) where it is worth more tokens per second than a trimmed self-draft of the
         depth the loop's recent stops chose, else that self-draft; each round is timed for the
         costs, and every draft offered is priced against what the round emitted."""
         t0, token, at = time.perf_counter(), text[-1], len(text) - 1

@@ -7,15 +7,16 @@ loop's persistent buffers (:class:`Buffers`), so that a round is graphs plus one
   :func:`~trimpass.spec.verify.race`: no ``multinomial``), its confidence and, sampling, its
   distribution, written at row ``j`` of the round's buffers; the pending token becomes the drafted
   one; ``pos`` and ``j`` advance by one.
-* :meth:`Rounds.accept` verifies ``R`` rows with the full head: rows ``j < m`` verify ``D[j]``, a
-  row past them predicts the token after. Greedy: each row's argmax, kept while it equals its draft;
-  a row whose top two logits lie closer than :func:`~trimpass.spec.verify.tolerance` is flagged
-  for the host's recheck. Sampled: speculative sampling (:func:`~trimpass.spec.verify.kept`),
-  the fix drawn from :func:`~trimpass.spec.verify.residual` by the exponential race. The rule is
-  :mod:`trimpass.spec.verify`'s; these graphs compute it on the device. It sets the pending
-  token, moves ``pos`` to the end of what it kept (a rollback) and returns one packed int64
-  tensor: the kept count, the depth where the drafter's confidence first dropped below
-  ``confidence``, then per row the near-tie flag, the target's token and the drafted token.
+* :meth:`Rounds.accept` verifies a self-draft round's ``R`` rows with the full head: rows ``j < m``
+  verify ``D[j]``, a row past them predicts the token after. Greedy: each row's argmax, kept while
+  it equals its draft; a row whose top two logits lie closer than
+  :func:`~trimpass.spec.verify.tolerance` is flagged for the host's recheck. Sampled: speculative
+  sampling (:func:`~trimpass.spec.verify.kept`), the fix drawn from
+  :func:`~trimpass.spec.verify.residual` by the exponential race. The rule is
+  :mod:`trimpass.spec.verify`'s; these graphs compute it on the device. It sets the pending token,
+  moves ``pos`` to the end of what it kept (a rollback) and returns one packed int64 tensor: the
+  kept count, the depth where the drafter's confidence first dropped below ``confidence``, then per
+  row the near-tie flag, the target's token and the drafted token.
 * :meth:`Rounds.walk` verifies a draft tree's rows (a free draft's pass: a chain is a tree too):
   every row's target token (the argmax, or a draw from the target's distribution), a node kept
   where its token is its parent's target token and its parent was kept; the deepest kept node's
@@ -137,16 +138,15 @@ class Rounds(torch.nn.Module):
         pos.add_(1)
         j.add_(1)
 
-    def accept(self, H, D, C, Q, m, tok, pos, j, warp, confidence, drafted: bool,
-               sampled: bool, top_k: bool, top_p: bool):
-        """``drafted``: the rows came from drafting steps (``pos`` already past them, ``m = R``)
-        rather than one pass over a lookup proposal (``pos`` at its first row)."""
+    def accept(self, H, D, C, Q, m, tok, pos, j, warp, confidence, sampled: bool, top_k: bool,
+               top_p: bool):
+        """The rows came from drafting steps: ``pos`` is already past them, ``m = R``."""
         R = H.shape[0]
         rows = torch.arange(R, device=H.device)
         z = self.logits(H)
         if sampled:
             p = torch.softmax(warped(z, warp, top_k, top_p), dim=-1)
-            qx = Q.gather(1, D.view(R, 1))[:, 0] if drafted else torch.ones_like(C)
+            qx = Q.gather(1, D.view(R, 1))[:, 0]
             keep = verify.kept(p.gather(1, D.view(R, 1))[:, 0], qx, torch.rand(R, device=H.device))
             ties = torch.zeros(R, dtype=torch.long, device=H.device)
         else:
@@ -158,15 +158,15 @@ class Rounds(torch.nn.Module):
         n = verify.accepted(keep & (rows < m))
         at = n.clamp(max=R - 1).view(1)  # a 1-element index: a 0-d one is read on the host
         if sampled:
-            q_n = Q[at] if drafted else F.one_hot(D[at], p.shape[-1]).float() * (n < m)
+            q_n = Q[at]
             ids = race(verify.residual(p[at], q_n)).expand(R)
         tail = n < R
         emitted = n + tail.long()
         last = torch.where(tail, ids[at], D[R - 1:])
         tok.copy_(last.view(1, 1))
-        pos.add_(emitted - R if drafted else emitted)
+        pos.add_(emitted - R)
         j.zero_()
-        low = (C < confidence) if drafted else torch.zeros_like(keep)
+        low = C < confidence
         stop = torch.where(low.any(), low.long().argmax() + 1, R + 1)
         return torch.cat([n.view(1), stop.view(1), ties, ids, D])
 
