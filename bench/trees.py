@@ -10,8 +10,10 @@ side by side in one run: the real Gemma-3-270M on the suffix-index bench's categ
   calls per prompt): the plain target sampling (Hugging Face ``generate``), Hugging Face prompt
   lookup sampling (10 tokens) and ``trimpass.generate`` at its defaults.
 
-The suffix index's tenant is emptied between passes (a pass never drafts from its own earlier
-pass); each route warms up on other prompts first; graphs compiled while timed are reported.
+The suffix index's tenant is emptied between passes over the sets (one pass per seed: a prompt
+never drafts from its own reply under another seed; earlier replies to other prompts stay, as in
+the suffix-index bench); each route warms up on other prompts first; graphs compiled while timed
+are reported.
 
     python bench/trees.py --dtype fp32 --runs 2 --modes greedy,sampled
 """
@@ -146,12 +148,11 @@ def main(argv=None) -> int:
     for run in range(a.runs):
         for mode in modes:
             rs = [Route(r.name, r.run, r.reset) for r in built[mode]]
-            for r in rs:
-                r.reset()
-            seeds = range(a.seeds) if mode == "sampled" else [None]
-            for s in CATEGORIES:
-                for i, p in enumerate(sets[s]):
-                    for seed in seeds:
+            for seed in range(a.seeds) if mode == "sampled" else [None]:
+                for r in rs:  # a pass over the sets: no prompt drafts from its own earlier reply
+                    r.reset()
+                for s in CATEGORIES:
+                    for i, p in enumerate(sets[s]):
                         timed(rs, s, torch.tensor([p]), None if seed is None else 1000 * i + seed)
             t = f", T = {a.temperature}, {a.seeds} seeds a prompt" if mode == "sampled" else ""
             report(rs, f"Run {run + 1}, {mode}: tokens/s against the first route ({dtype}, "

@@ -35,7 +35,7 @@ class Body:
         self.device = self.head.weight.device
         self.cache, self.capacity, self.context = None, 0, buckets.context_of(model)
         self.caches: dict[int, LoopCache] = {}  # capacity class -> its cache, oldest first
-        # rows past a cache's capacity that a padded pass (a lookup round's, a prompt's) may write
+        # rows past a cache's capacity that a padded pass (a free draft's, a prompt's) may write
         self.slack = max(slack, buckets.padded_rows(1, self.device) - 1)
         self.hooks: list = []  # objects with on_request / on_rollback / on_pass, any of them
 

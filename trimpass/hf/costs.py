@@ -73,7 +73,7 @@ class RoundCosts:
         return gamma if not confidence else max(1, min(gamma, int(self.steps)))
 
     def price(self, batch: int, depth: int):
-        """``(cost, drafting seconds)`` of a round of ``depth`` (0: a lookup round), or None
+        """``(cost, drafting seconds)`` of a round of ``depth`` (0: a free draft's pass), or None
         before the warm-up timed it."""
         if None in (self.step_s, self.head_s) or None in self.pass_s.values():
             return None

@@ -8,12 +8,14 @@ depth ``k`` is fixed before it runs (where the drafter's confidence stopped in t
 a keep graph writes the hidden state, token and confidence into persistent buffers and advances the
 position; one accept graph verifies the ``k`` rows with the full head, rolls the position back and
 sets the next pending token (:mod:`trimpass.hf.rounds`): acceptance, rollback and sampling on the
-device, with no ``multinomial``. Lookup drafts come from the speculation core's proposer
-(:mod:`trimpass.spec.proposers.lookup`, this loop a batch of one) and are verified in one body pass
-padded to a row class (4, 8 or 16 rows, with their count in a tensor). **A round reads the host
-once**: one packed tensor (the kept count, the target's and the drafted tokens, near-tie flags, the
-confidence's stop depth); a near-tie among the kept rows is computed again alone, as plain decoding
-computes it (a rare second read). The controller plans each round from the host values of the
+device, with no ``multinomial``. Free drafts come from the speculation core's proposers (lookup
+and the suffix index, :mod:`trimpass.spec.proposers`, this loop a batch of one), joined into one
+draft tree (:mod:`trimpass.spec.tree`) and verified in one body pass padded to a row class (4, 8
+or 16 rows), an ancestors-only mask through the loop's cache; the walk graph keeps the accepted
+path and moves its keys and values into place. **A round reads the host once**: one packed tensor
+(the kept count, the target's tokens, near-tie flags, the path or the confidence's stop depth); a
+near-tie on the kept path is computed again alone, as plain decoding computes it (a rare second
+read). The controller plans each round from the host values of the
 last. A family whose layers the loop's cache does not serve yet
 (:data:`~trimpass.hf.fused_checks.OWNED`) runs Hugging Face's assisted generation instead, with one
 warning. Batch 1 only. Diagnostics (the trace and replay of a call,
@@ -122,7 +124,7 @@ class FusedLoop:
         body.fresh_cache(2, max(self.gamma, 2) + 1)
         V = self.head.weight.shape[0]  # ordinary ids, none of the special ones up front
         ids = (V // 4 + torch.arange(2 + self.lookup_tokens, device=body.device)) % V
-        token = int(ids[1])  # the scratch prompt's last: the lookup round's pending one
+        token = int(ids[1])  # the scratch prompt's last: the free rounds' pending one
         self._first(body.prefill(ids[None, :2])[0], sampler)
         rounds = [lambda: self._plain(sampler)] if not self.speculate else \
             [lambda k=k: self._self_round(0, k, 2, sampler) for k in sorted({1, self.gamma})]
@@ -191,7 +193,7 @@ class FusedLoop:
     def _tree_round(self, token: int, tree: DraftTree, at: int, sampler):
         """Verify a free draft ``tree`` (a chain is one) after the pending ``token`` at ``at`` in
         one body pass padded to a row class (:meth:`Rounds.walk
-        <trimpass.hf.rounds.Rounds.walk>`); (emitted ids, kept n, the kept nodes' indices)."""
+        <trimpass.hf.rounds.Rounds.walk>`); (emitted ids, kept n)."""
         b, m = self.buf, len(tree)
         S = next(s for s in self.row_classes if s >= m + 1)
         ids, depth, anc = tree.rows(token)
@@ -213,7 +215,7 @@ class FusedLoop:
             n = self._recheck_path(hs, path, n, ties, target, at)
         out = [ids[r] for r in path[1:n + 1]] + [target[path[n]]]
         self.body.tell("on_pass", at, torch.tensor([[token] + out[:-1]]))  # diagnostics
-        return out, n, [r - 1 for r in path[1:n + 1]]
+        return out, n
 
     def _recheck_path(self, hs, path: list, n: int, ties: list, target: list, at: int) -> int:
         """A tree pass's near-tie rows on its kept path computed again alone, as plain decoding
@@ -276,7 +278,7 @@ class FusedLoop:
         if look is not None and not plan.depth:
             sent = look.source[0]
             draft = DraftTree.chain(look.row(0)) if tree is None else tree.prefix(self._size(tree))
-            out, n, kept = self._tree_round(token, draft, at, sampler)
+            out, n = self._tree_round(token, draft, at, sampler)
             self.costs.time_pass(len(draft) + 1, time.perf_counter() - t0)
             self.stats.counted(len(draft), n, sent)
             self.stats.tree_rounds += draft.parents != list(range(-1, len(draft) - 1))

@@ -58,8 +58,8 @@ class FusedStats(LoopStats):
 
 
 def row_classes(tokens: int) -> tuple:
-    """The padded row counts of a lookup pass over a pending token and up to ``tokens`` drafted
-    ones: powers of two from 4 up to the first that holds them all (4, 8, 16 for 15 tokens)."""
+    """The padded row counts of a free draft's pass over a pending token and up to ``tokens``
+    drafted ones: powers of two from 4 up to the first that holds them all (4, 8, 16 for 15)."""
     sizes, s = [], 4
     while not sizes or sizes[-1] < tokens + 1:
         sizes.append(s)

@@ -93,6 +93,21 @@ def check_tenant(tenant) -> None:
                          f"request (\"\": the default tenant), got {type(tenant).__name__}")
 
 
+def switched(cls, value, name: str):
+    """A setting that is on or off: ``True`` (``cls``'s defaults), ``False``/``None`` (off), a
+    dict of its fields or a ``cls``; anything else refused by ``name``."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return from_dict(cls, value, name)
+    raise ValueError(f"{name}: True, False, a dict of {', '.join(f.name for f in fields(cls))} "
+                     f"or a {cls.__name__}, got {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class SuffixConfig:
     """The suffix index's drafts: after the longest match of up to ``depth`` tokens (at least
@@ -132,17 +147,7 @@ class SuffixConfig:
     def of(cls, value) -> SuffixConfig | None:
         """``True`` (the defaults), ``False``/``None`` (off), a dict of fields or a
         SuffixConfig."""
-        if value is None or value is False:
-            return None
-        if value is True:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return from_dict(cls, value, "suffix")
-        raise ValueError(f"suffix: True, False, a dict of "
-                         f"{', '.join(f.name for f in fields(cls))} or a SuffixConfig, got "
-                         f"{type(value).__name__}")
+        return switched(cls, value, "suffix")
 
 
 @dataclass(frozen=True)
@@ -170,16 +175,7 @@ class TreeConfig:
     def of(cls, value) -> TreeConfig | None:
         """``True`` (the defaults), ``False``/``None`` (chains), a dict of fields or a
         TreeConfig."""
-        if value is None or value is False:
-            return None
-        if value is True:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return from_dict(cls, value, "tree")
-        raise ValueError(f"tree: True, False, a dict of size and depth or a TreeConfig, got "
-                         f"{type(value).__name__}")
+        return switched(cls, value, "tree")
 
 
 @dataclass(frozen=True)

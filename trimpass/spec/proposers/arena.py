@@ -242,16 +242,10 @@ def vote(sources: list, limit: int, min_prob: float) -> tuple[list[int], list[fl
     ids, probs, cum = [], [], 1.0
     live = [(a, np.asarray(p, dtype=np.int64), per) for a, p, per in sources if len(p)]
     for step in range(limit):
-        vals = _continuations(live, step)
-        every = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
-        good = every[every >= 0]
-        if not len(good):
+        tally = _tally(live, step)
+        if tally is None:
             break
-        uniq, counts = np.unique(good, return_counts=True)
-        best = counts.max()
-        tied = uniq[counts == best]
-        token = int(tied[0]) if len(tied) == 1 else _newest(tied, vals, live)
-        p = float(best) / len(every)
+        vals, ((token, p), *_) = tally
         if cum * p < min_prob:
             break
         cum *= p
@@ -276,25 +270,34 @@ def tree_vote(sources: list, size: int, depth: int, min_prob: float) -> DraftTre
         step = deep[node] = 0 if node < 0 else deep[parent] + 1
         if step >= depth:
             continue
-        vals = _continuations(live, step)
-        every = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
-        good = every[every >= 0]
-        if not len(good):
+        tally = _tally(live, step)
+        if tally is None:
             continue
-        uniq, counts = np.unique(good, return_counts=True)
-        order = np.argsort(-counts, kind="stable")
-        tied = uniq[counts == counts.max()]
-        first = int(tied[0]) if len(tied) == 1 else _newest(tied, vals, live)
-        order = sorted(order.tolist(), key=lambda j: (-counts[j], int(uniq[j]) != first))
-        for j in order:
-            p = -neg * float(counts[j]) / len(every)
+        vals, children = tally
+        for t, share in children:
+            p = -neg * share
             if p < min_prob:
                 break
-            t = int(uniq[j])
             kept = [(a, at[v == t], per) for (a, at, per), v in zip(live, vals, strict=True)]
-            heapq.heappush(heap, (-p, serial, node, t, float(counts[j]) / len(every), kept))
+            heapq.heappush(heap, (-p, serial, node, t, share, kept))
             serial += 1
     return tree
+
+
+def _tally(live: list, step: int):
+    """Each source's tokens ``step`` after its candidates, and the tokens they hold, most common
+    first (of equally common, the newest first), each with its share of the candidates (those
+    that end count too); None where none continues."""
+    vals = _continuations(live, step)
+    every = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
+    good = every[every >= 0]
+    if not len(good):
+        return None
+    uniq, counts = np.unique(good, return_counts=True)
+    tied = uniq[counts == counts.max()]
+    first = int(tied[0]) if len(tied) == 1 else _newest(tied, vals, live)
+    order = sorted(range(len(uniq)), key=lambda j: (-counts[j], int(uniq[j]) != first))
+    return vals, [(int(uniq[j]), float(counts[j]) / len(every)) for j in order]
 
 
 def _continuations(live: list, step: int) -> list:
