@@ -148,8 +148,9 @@ def test_a_fused_output_is_explained_through_the_loops_body_in_two_stages():
 
 def test_a_fused_call_replays_bit_for_bit_and_a_token_its_logits_do_not_rank_first_is_a_bug():
     """The route's own computation, replayed from its call's trace (prefill, one-token steps,
-    lookup verifications and rollbacks), gives back every token the route emitted; with it, a
-    token below the top of the route's own logits is a bug, whatever the gap."""
+    free drafts' tree passes with the paths they kept, and rollbacks), gives back every token the
+    route emitted; with it, a token below the top of the route's own logits is a bug, whatever
+    the gap."""
     import trimpass
     torch._dynamo.reset()
     model = _model()
@@ -161,7 +162,7 @@ def test_a_fused_call_replays_bit_for_bit_and_a_token_its_logits_do_not_rank_fir
     trace = list(tracer.trace)
     st = trimpass.stats(model)["sources"]
     assert st["lookup"]["rounds"] > 0 and st["self"]["rounds"] > 0, st  # both kinds replayed
-    assert {e[0] for e in trace} == {"cache", "rollback", "pass"}
+    assert {e[0] for e in trace} == {"cache", "rollback", "pass", "tree"}  # free drafts: trees
     for i in range(P, out.shape[1]):
         z = replay.replayed(loop, trace, i - 1)
         assert int(z.argmax()) == int(out[0, i]), i

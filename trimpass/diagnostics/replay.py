@@ -1,9 +1,9 @@
 """A fused-loop call's own computation, recorded and replayed. :class:`Tracer` attaches to a
 :class:`~trimpass.hf.fused.FusedLoop` by its body's hooks and keeps the last call's trace: its
-cache, rollbacks and body passes, in order. :func:`replayed` computes again, bit for bit, the full
-head's logits a call computed for one position; :func:`logits` computes a prefix's last logits
-through the loop's compiled body as plain decoding would (its prompt prefilled, then one token at a
-time), or as a verification would (one pass over many rows). What
+cache, rollbacks and body passes (a tree pass with the path it kept), in order. :func:`replayed`
+computes again, bit for bit, the full head's logits a call computed for one position; :func:`logits`
+computes a prefix's last logits through the loop's compiled body as plain decoding would (its prompt
+prefilled, then one token at a time), or as a verification would (one pass over many rows). What
 :func:`trimpass.diagnostics.divergence.explain` compares; none of it runs in a call."""
 from __future__ import annotations
 
@@ -37,14 +37,24 @@ class Tracer:
         if self.trace is not None:
             self.trace.append(("pass", at, ids))
 
+    def on_tree(self, at: int, ids: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor,
+                path: list[int]) -> None:
+        if self.trace is not None:
+            self.trace.append(("tree", at, ids, depth, anc, list(path)))
+
+
+def _rows(e) -> int:
+    """The positions an event's pass computed from its start: a pass's rows, a tree's kept path."""
+    return e[2].shape[1] if e[0] == "pass" else len(e[5])
+
 
 @torch.no_grad()
 def replayed(loop, trace: list, position: int) -> torch.Tensor:
     """The full head's logits [V] for the row at ``position`` as a call of ``loop`` computed them
     (``trace``: its :class:`Tracer`'s): its cache, rollbacks and body passes replayed in order up
     to the last pass over that row, the pass whose row gave the token after it."""
-    last = max((i for i, e in enumerate(trace) if e[0] == "pass"
-                and e[1] <= position < e[1] + e[2].shape[1]), default=None)
+    last = max((i for i, e in enumerate(trace) if e[0] in ("pass", "tree")
+                and e[1] <= position < e[1] + _rows(e)), default=None)
     if last is None:
         raise ValueError(f"position: no body pass of this trace computed row {position}")
     body = loop.body
@@ -54,8 +64,13 @@ def replayed(loop, trace: list, position: int) -> torch.Tensor:
                 body.fresh_cache(e[1], e[2])
             elif e[0] == "rollback":
                 body.rollback(e[1])
-            else:
+            elif e[0] == "pass":
                 hs = body.run(e[2], e[1])[0]
+            else:  # a tree pass, then its kept path moved into place
+                body.cache.seek(e[1])
+                hs = body.tree(e[2].to(body.device), e[3].to(body.device), e[4].to(body.device))
+                hs = hs[torch.tensor(e[5], device=hs.device)]
+                body.keep_path(e[1], e[5])
     row = position - trace[last][1]
     return body.head(hs[row:row + 1])[0]
 

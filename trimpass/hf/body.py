@@ -1,12 +1,12 @@
 """The fused loop's body: a Hugging Face causal LM's body compiled as one step (its trimmed head
 included when it drafts, ``fullgraph=True``), over the loop's own static KV cache
 (:class:`~trimpass.hf.buckets.LoopCache`): every layer full length, writing at one position tensor
-on the device that the loop's round graphs move, so a rollback is a device-side update; the cache
-of each capacity class is kept for the next request of its class. The prompt is prefilled in passes
+on the device that the loop's round graphs move, so a rollback is a device-side update; the cache of
+each capacity class is kept for the next request of its class. The prompt is prefilled in passes
 whose row count is dynamic, and the cache's length is dynamic in the compiled graphs, so the first
 call compiles both graphs the body runs and no later prompt compiles another
-(:mod:`trimpass.hf.buckets`). ``hooks`` hear of each new request, rollback and pass (diagnostics:
-:mod:`trimpass.diagnostics.replay`); the body reads nothing back."""
+(:mod:`trimpass.hf.buckets`). ``hooks`` hear of each new request, rollback, pass and tree pass
+(diagnostics: :mod:`trimpass.diagnostics.replay`); the body reads nothing back."""
 from __future__ import annotations
 
 import contextlib
@@ -94,6 +94,15 @@ class Body:
             for d in dims:
                 torch._dynamo.maybe_mark_dynamic(t, d)
         return self.tree_graph(ids, self.cache, depth, anc)
+
+    def keep_path(self, at: int, path: list[int]) -> None:
+        """Move a tree pass's kept rows (``path``, by depth) to the positions after ``at`` in every
+        layer, as the walk graph does (a diagnostic replay's)."""
+        src = torch.tensor(path, device=self.device) + at
+        dst = torch.arange(len(path), device=self.device) + at
+        for layer in self.cache.layers:
+            for t in (layer.keys, layer.values):
+                t.index_copy_(2, dst, t.index_select(2, src))
 
     def run(self, ids: torch.Tensor, at: int):
         """:meth:`here` from position ``at`` (set from the host)."""

@@ -214,7 +214,9 @@ class FusedLoop:
         if sampler is None and any(ties[r] for r in path[:n + 1]):
             n = self._recheck_path(hs, path, n, ties, target, at)
         out = [ids[r] for r in path[1:n + 1]] + [target[path[n]]]
-        self.body.tell("on_pass", at, torch.tensor([[token] + out[:-1]]))  # diagnostics
+        if self.body.hooks:  # diagnostics: the pass and the path it kept
+            self.body.tell("on_tree", at, torch.tensor([ids + [0] * pad]), torch.tensor(
+                depth + [0] * pad), torch.tensor(anc, dtype=torch.long), path[:n + 1])
         return out, n
 
     def _recheck_path(self, hs, path: list, n: int, ties: list, target: list, at: int) -> int:
