@@ -62,6 +62,14 @@ def warped(z: torch.Tensor, warp: torch.Tensor, top_k: bool, top_p: bool) -> tor
     return z
 
 
+def _greedy(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax of logits ``z`` [R, V] and whether its top two lie within
+    :func:`~trimpass.spec.verify.tolerance` (a near-tie the host computes again alone)."""
+    top = z.topk(2, dim=-1)
+    gap = top.values[:, 0].float() - top.values[:, 1].float()
+    return top.indices[:, 0], (gap <= verify.tolerance(top.values[:, 0], z.dtype)).long()
+
+
 class Buffers:
     """The loop's persistent device buffers (static addresses): the pending token ``tok``; per
     round of up to ``depth`` rows the hidden states ``H``, drafted ids ``D``, confidences ``C``,
@@ -150,10 +158,7 @@ class Rounds(torch.nn.Module):
             keep = verify.kept(p.gather(1, D.view(R, 1))[:, 0], qx, torch.rand(R, device=H.device))
             ties = torch.zeros(R, dtype=torch.long, device=H.device)
         else:
-            top = z.topk(2, dim=-1)
-            ids = top.indices[:, 0]
-            gap = top.values[:, 0].float() - top.values[:, 1].float()
-            ties = (gap <= verify.tolerance(top.values[:, 0], z.dtype)).long()
+            ids, ties = _greedy(z)
             keep = ids == D
         n = verify.accepted(keep & (rows < m))
         at = n.clamp(max=R - 1).view(1)  # a 1-element index: a 0-d one is read on the host
@@ -184,10 +189,7 @@ class Rounds(torch.nn.Module):
             ids_t = race(torch.softmax(warped(z, warp, top_k, top_p), dim=-1))
             ties = torch.zeros(R, dtype=torch.long, device=H.device)
         else:
-            top = z.topk(2, dim=-1)
-            ids_t = top.indices[:, 0]
-            gap = top.values[:, 0].float() - top.values[:, 1].float()
-            ties = (gap <= verify.tolerance(top.values[:, 0], z.dtype)).long()
+            ids_t, ties = _greedy(z)
         best, path = verify.walk(ids, parent, anc != 0, depth, ids_t, rows <= m)
         n = depth.index_select(0, best)
         src, dst = pos + path, pos + rows
